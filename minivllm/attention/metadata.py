@@ -1,0 +1,52 @@
+"""The attention metadata that travels with every flat batch.
+
+The model never sees "a batch of sequences": it sees one flat run of tokens, with each
+token's position, and this record that says which tokens belong to which sequence and
+where their keys and values live in the KV cache. Prefill and decode are the same thing
+here: a decode is a sequence that contributes one new token.
+
+Example: two sequences, one prefilling 3 tokens and one decoding its 6th token::
+
+    input_ids      [a0 a1 a2 b5]
+    positions      [ 0  1  2  5]
+    cu_seqlens_q   [0, 3, 4]          sequence i owns tokens cu_seqlens_q[i]:cu_seqlens_q[i+1]
+    context_lens   [3, 6]             keys each sequence attends to, new tokens included
+    slot_mapping   [s0 s1 s2 s5]      flat cache slot where each new token's K/V is written
+    block_tables   [[blk..], [blk..]] cache blocks of each sequence, in order
+
+The KV cache of every layer is `[num_blocks, block_size, num_kv_heads, head_dim]`; slot
+`s` is block `s // block_size`, offset `s % block_size`. A contiguous cache is the special
+case of one block per sequence with `block_size = max_model_len`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    cu_seqlens_q: torch.Tensor      # [num_seqs + 1] int32
+    context_lens: torch.Tensor      # [num_seqs] int32
+    slot_mapping: torch.Tensor      # [num_tokens] int64
+    block_tables: torch.Tensor      # [num_seqs, max_blocks] int32
+    block_size: int
+    max_query_len: int
+    max_context_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+
+@dataclass
+class NoCacheMetadata:
+    """Metadata for a forward without a KV cache: each sequence attends over its own new
+    tokens only (the "recompute everything" baseline and the logits checks)."""
+    cu_seqlens_q: torch.Tensor      # [num_seqs + 1] int32
+    max_query_len: int

@@ -1,0 +1,76 @@
+"""Reference attention in plain PyTorch: readable first, fast enough to test against.
+
+One function serves prefill and decode, paged and contiguous caches, GQA and sliding
+windows, because all of them are the same computation on a padded view of the flat batch:
+
+1. pad the flat queries into `[num_seqs, max_query_len, heads, head_dim]`;
+2. gather each sequence's keys/values from the cache by its block table into
+   `[num_seqs, max_context_len, kv_heads, head_dim]`;
+3. mask: query at absolute position p sees key j when j <= p (causal), j < context_len,
+   and j > p - sliding_window (the window keeps the last `sliding_window` tokens);
+4. softmax attention, then drop the padding again.
+
+The Triton backend (kernels/) computes the same thing without materialising the gather.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .metadata import AttentionMetadata, NoCacheMetadata
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write the new tokens' keys/values into their cache slots (one flat index per token)."""
+    k_cache.view(-1, *k.shape[1:])[slot_mapping] = k
+    v_cache.view(-1, *v.shape[1:])[slot_mapping] = v
+
+
+def _pad_index(cu_seqlens: torch.Tensor, max_len: int):
+    """Index of each sequence's i-th token in the flat batch, and whether it exists."""
+    lens = cu_seqlens[1:] - cu_seqlens[:-1]
+    i = torch.arange(max_len, device=cu_seqlens.device)
+    valid = i[None, :] < lens[:, None]
+    index = (cu_seqlens[:-1, None] + i[None, :]).clamp(max=int(cu_seqlens[-1]) - 1)
+    return index.long(), valid, lens
+
+
+def masked_attention(q, k, v, q_lens, kv_lens, scale, sliding_window=None, q_valid=None):
+    """Attention over padded tensors: q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D]. The new queries
+    are the last q_lens[b] of the kv_lens[b] tokens of sequence b."""
+    num_queries, num_keys = q.shape[1], k.shape[1]
+    q_pos = (kv_lens - q_lens)[:, None] + torch.arange(num_queries, device=q.device)[None, :]
+    k_pos = torch.arange(num_keys, device=q.device)[None, None, :]
+    mask = (k_pos <= q_pos[:, :, None]) & (k_pos < kv_lens[:, None, None])
+    if sliding_window is not None:
+        mask &= k_pos > q_pos[:, :, None] - sliding_window
+    if q_valid is not None:
+        mask |= ~q_valid[:, :, None]  # padding rows: any finite softmax will do, they are dropped
+    group = q.shape[2] // k.shape[2]  # GQA: each KV head serves `group` query heads
+    k = k.repeat_interleave(group, dim=2)
+    v = v.repeat_interleave(group, dim=2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=mask[:, None], scale=scale)
+    return out.transpose(1, 2)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+    """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D], keys/values read from the cache."""
+    q_index, q_valid, q_lens = _pad_index(meta.cu_seqlens_q, meta.max_query_len)
+    j = torch.arange(meta.max_context_len, device=q.device)
+    blocks = meta.block_tables.long()[:, j // meta.block_size]
+    slots = blocks * meta.block_size + j % meta.block_size          # [B, Lk]
+    k = k_cache.view(-1, *k_cache.shape[2:])[slots]
+    v = v_cache.view(-1, *v_cache.shape[2:])[slots]
+    out = masked_attention(q[q_index], k, v, q_lens, meta.context_lens, scale, sliding_window, q_valid)
+    return out[q_valid]
+
+
+def attention_without_cache(q, k, v, meta: NoCacheMetadata, scale: float,
+                            sliding_window: int | None = None) -> torch.Tensor:
+    """Each sequence attends causally over its own tokens in this batch (no KV cache)."""
+    index, valid, lens = _pad_index(meta.cu_seqlens_q, meta.max_query_len)
+    out = masked_attention(q[index], k[index], v[index], lens, lens, scale, sliding_window, valid)
+    return out[valid]

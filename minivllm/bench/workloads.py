@@ -1,0 +1,113 @@
+"""The offline workloads every benchmark in this project runs, as token-id prompts.
+
+A benchmark is only comparable across notebooks, engines and days if the requests are the same, so
+the workloads live here, built from a seeded ``random.Random`` rather than from text: token ids need
+no tokenizer, work with dummy weights of any shape, and pin the prompt lengths exactly.
+
+- W1, the seed workload: 60 requests, prompt lengths uniform in [16, 256], 150 output tokens each.
+- W2, nano-vllm's offline benchmark: 256 requests, prompt and output lengths each uniform in [100, 1024],
+  drawn exactly as nano-vllm draws them, so its published totals (133,966 output tokens) match.
+
+Run them with ``ignore_eos=True`` so every request produces exactly ``max_tokens`` tokens; otherwise
+random weights stop at random places and the token count is no longer the workload's.
+
+Example::
+
+    w = w1(vocab_size=32000)
+    len(w.prompts), w.num_output_tokens          # (60, 9000)
+    smoke = w1(32000, num_requests=4, max_prompt=32, output_len=8)   # CI-sized version
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in w.max_tokens]
+    outputs = llm.generate(w.prompts, params)
+"""
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named list of prompts (token ids) and how many tokens to generate for each."""
+
+    name: str
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+    def __post_init__(self):
+        if len(self.prompts) != len(self.max_tokens):
+            raise ValueError(f"{len(self.prompts)} prompts but {len(self.max_tokens)} max_tokens")
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.max_tokens)
+
+
+def _lowest_token_id(vocab_size: int) -> int:
+    # The first ids of a vocabulary are special tokens (BOS, EOS, padding, byte fallbacks);
+    # a prompt full of them is unlike real text, and engines treat some of them specially.
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    return min(100, vocab_size // 2)
+
+
+def _check_range(name: str, low: int, high: int) -> None:
+    if not 1 <= low <= high:
+        raise ValueError(f"{name}: need 1 <= min <= max, got [{low}, {high}]")
+
+
+def w1(
+    vocab_size: int,
+    num_requests: int = 60,
+    min_prompt: int = 16,
+    max_prompt: int = 256,
+    output_len: int = 150,
+    seed: int = 0,
+) -> Workload:
+    """The seed workload: prompt lengths uniform in [min_prompt, max_prompt], output_len tokens each.
+
+    Draw order, fixed so the workload never changes under the same arguments: one
+    ``random.Random(seed)``; first all prompt lengths (``randint``, both ends included), then the token
+    ids of each prompt in turn, uniform in [min(100, vocab_size // 2), vocab_size).
+    """
+    _check_range("prompt length", min_prompt, max_prompt)
+    if output_len < 1:
+        raise ValueError(f"output_len must be at least 1, got {output_len}")
+    low = _lowest_token_id(vocab_size)
+    rng = random.Random(seed)
+    lengths = [rng.randint(min_prompt, max_prompt) for _ in range(num_requests)]
+    prompts = [[rng.randrange(low, vocab_size) for _ in range(n)] for n in lengths]
+    return Workload("W1", prompts, [output_len] * num_requests)
+
+
+# nano-vllm's bench.py draws ids with randint(0, 10000); drawing the same way keeps the generator's
+# stream, and so every prompt and output length, identical to theirs.
+_NANO_VLLM_MAX_ID = 10000
+
+
+def w2(
+    vocab_size: int,
+    num_requests: int = 256,
+    min_len: int = 100,
+    max_len: int = 1024,
+    seed: int = 0,
+) -> Workload:
+    """nano-vllm's offline benchmark: prompt and output lengths each uniform in [min_len, max_len].
+
+    Draw order is nano-vllm's ``bench.py`` (``seed(0)`` there is ``random.Random(0)`` here): for each
+    request its prompt length, then its ids with ``randint(0, 10000)``; then all output lengths. So the
+    defaults give nano-vllm's exact lengths (133,966 output tokens, the total in its README) and its
+    results compare with ours. Only the ids differ: each drawn x becomes ``low + x % (vocab_size - low)``
+    with low = min(100, vocab_size // 2), which skips the special ids and fits any vocabulary.
+    """
+    _check_range("length", min_len, max_len)
+    low = _lowest_token_id(vocab_size)
+    rng = random.Random(seed)
+    prompts = [
+        [low + rng.randint(0, _NANO_VLLM_MAX_ID) % (vocab_size - low) for _ in range(rng.randint(min_len, max_len))]
+        for _ in range(num_requests)
+    ]
+    max_tokens = [rng.randint(min_len, max_len) for _ in range(num_requests)]
+    return Workload("W2", prompts, max_tokens)

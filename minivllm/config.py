@@ -1,0 +1,149 @@
+"""Configuration: what the model is (ModelConfig) and how the engine runs it (EngineConfig).
+
+`ModelConfig` reads a Hugging Face `config.json` and keeps only what a Llama/Mistral
+forward pass needs, under names that say what they are::
+
+    >>> cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 100,
+    ...     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    ...     "num_attention_heads": 4, "num_key_value_heads": 2})
+    >>> cfg.head_dim, cfg.num_kv_heads, cfg.rope_theta
+    (16, 2, 10000.0)
+
+transformers 4.x writes `rope_theta`/`rope_scaling` at the top level, transformers 5.x writes
+a `rope_parameters` dict: both are understood.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "linear" | "llama3", ...} or None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None  # Mistral: attend to the last `sliding_window` tokens only
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    torch_dtype: str = "float32"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        archs = d.get("architectures") or []
+        arch = archs[0] if archs else {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}.get(
+            d.get("model_type", ""), "")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {arch!r}; minivllm runs {SUPPORTED_ARCHITECTURES}")
+        try:
+            hidden, heads = d["hidden_size"], d["num_attention_heads"]
+            rope = d.get("rope_parameters") or {}
+            scaling = d.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+            if scaling is not None:
+                scaling = dict(scaling)
+                scaling["rope_type"] = scaling.get("rope_type", scaling.get("type"))
+                if scaling["rope_type"] == "default":
+                    scaling = None
+            eos = d.get("eos_token_id")
+            window = d.get("sliding_window") if arch == "MistralForCausalLM" else None
+            return cls(
+                architecture=arch,
+                vocab_size=d["vocab_size"],
+                hidden_size=hidden,
+                intermediate_size=d["intermediate_size"],
+                num_layers=d["num_hidden_layers"],
+                num_heads=heads,
+                num_kv_heads=d.get("num_key_value_heads") or heads,
+                head_dim=d.get("head_dim") or hidden // heads,
+                rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+                rope_theta=float(d.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                rope_scaling=scaling,
+                max_position_embeddings=d.get("max_position_embeddings", 2048),
+                tie_word_embeddings=d.get("tie_word_embeddings", False),
+                sliding_window=window,
+                attention_bias=d.get("attention_bias", False),
+                mlp_bias=d.get("mlp_bias", False),
+                bos_token_id=d.get("bos_token_id"),
+                eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+                torch_dtype=str(d.get("dtype") or d.get("torch_dtype") or "float32"),
+            )
+        except KeyError as e:
+            raise ValueError(f"config.json is missing required field {e}") from None
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "ModelConfig":
+        path = Path(folder) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json in {folder}")
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"malformed {path}: {e}") from None
+
+
+def resolve_dtype(dtype: str | torch.dtype, model_config: ModelConfig, device: str = "cpu") -> torch.dtype:
+    """Turn the user's dtype choice into a torch dtype. "auto" keeps the checkpoint's dtype on a
+    GPU and uses float32 on a CPU (CPUs are slow and inexact in half precision)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+             "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    if dtype == "auto":
+        if str(device).startswith("cpu"):
+            return torch.float32
+        chosen = names.get(model_config.torch_dtype.replace("torch.", ""), torch.float32)
+        if chosen == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            chosen = torch.float16  # e.g. a T4 (sm_75) has no bf16
+        return chosen
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of 'auto', {sorted(names)}; got {dtype!r}")
+    return names[dtype]
+
+
+@dataclass
+class EngineConfig:
+    """The knobs of `LLM(...)`; see DESIGN.md for what each one means."""
+    model: str
+    dtype: str = "auto"
+    device: str | None = None
+    load_format: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    attention_backend: str = "auto"
+    enforce_eager: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.device is None:
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.block_size < 1 or self.max_num_seqs < 1:
+            raise ValueError("block_size and max_num_seqs must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")

@@ -1,0 +1,59 @@
+"""A Sequence: one request as the engine tracks it, from waiting to finished.
+
+It holds the token ids (prompt then generated), how many of them already have their keys
+and values in the KV cache (`num_computed_tokens`), and its KV block table. The next
+step must compute the tokens from `num_computed_tokens` on: the whole prompt at first,
+then one token per decode step.
+"""
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from ..outputs import RequestMetrics
+from ..sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 prompt: str | None = None, device: str = "cpu"):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None
+        self.metrics = RequestMetrics(arrival_time=time.perf_counter())
+        self.generator = None
+        if params.seed is not None:  # its own random stream: the batch it lands in changes nothing
+            self.generator = torch.Generator(device=device).manual_seed(params.seed)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED

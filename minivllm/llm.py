@@ -1,0 +1,67 @@
+"""LLM: the offline entry point, vLLM's `LLM` class in small.
+
+    >>> from minivllm import LLM, SamplingParams
+    >>> llm = LLM("smollm2-135m")
+    >>> out = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=8))
+    >>> out[0].outputs[0].text
+    ' Paris. ...'
+    >>> llm.chat([{"role": "user", "content": "Hi!"}])[0].outputs[0].text
+"""
+from __future__ import annotations
+
+from .config import EngineConfig
+from .engine.llm_engine import LLMEngine
+from .outputs import RequestOutput
+from .sampling_params import SamplingParams
+from .utils import progress
+
+
+class LLM:
+    def __init__(self, model: str, **engine_args):
+        self.llm_engine = LLMEngine(EngineConfig(model=str(model), **engine_args))
+        self._next_id = 0
+
+    @property
+    def tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; one RequestOutput per prompt, in input order."""
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                 and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
+        engine = self.llm_engine
+        ids = []
+        try:
+            for prompt, params in zip(prompts, sampling_params):
+                ids.append(str(self._next_id))
+                self._next_id += 1
+                engine.add_request(ids[-1], prompt, params)
+        except ValueError as e:  # a bad prompt: take back this call's requests, keep the engine clean
+            for request_id in ids:
+                engine.abort_request(request_id)
+            raise ValueError(f"prompt {len(ids) - 1}: {e}") from None
+        finished: dict[str, RequestOutput] = {}
+        with progress(total=len(ids), desc="generate", enabled=use_tqdm) as bar:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+                        bar.update(1)
+        return [finished[i] for i in ids]
+
+    def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} dicts) or a list of them, through the
+        tokenizer's chat template, with the assistant's turn opened."""
+        tokenizer = self.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("this model has no tokenizer with a chat template")
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [tokenizer.encode(tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True),
+                                    add_special_tokens=False) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)

@@ -1,0 +1,82 @@
+"""The small building blocks of a Llama/Mistral decoder: RMSNorm, rotary embeddings, SwiGLU.
+
+Each is a few lines of torch. They are the places later notebooks replace with fused
+Triton kernels, so each keeps the exact interface its kernel will have.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in float32. With `residual`, first adds it (vLLM's fused
+    "add + norm") and returns (normed, new_residual): one read of x instead of two."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is not None:
+            x = x + residual
+            residual = x
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * x32.to(x.dtype)
+        return out if residual is None else (out, residual)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation: silu(gate) * up, with gate and up packed side by side."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
+    """Rotation frequency of each pair of dimensions, with the checkpoint's rope scaling."""
+    # float32 like transformers, so positions far along rotate by exactly the same angles
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    if scaling is None:
+        return inv_freq
+    kind = scaling["rope_type"]
+    if kind == "linear":  # positions squeezed by `factor` (equivalently: slower frequencies)
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":  # long wavelengths slowed by `factor`, short ones kept, smooth in between
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        medium = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        return torch.where(medium, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    raise NotImplementedError(f"rope scaling {kind!r} is not supported (supported: linear, llama3)")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates q and k by an angle proportional to each token's position (RoPE).
+
+    cos/sin are precomputed for every position up to `max_positions`, so a step only
+    indexes them by the batch's `positions`: decode and prefill tokens alike.
+    Uses the "rotate half" layout of Hugging Face Llama checkpoints.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None):
+        super().__init__()
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), rope_inv_freq(head_dim, theta, scaling))
+        self.register_buffer("cos", angles.cos(), persistent=False)  # [max_positions, head_dim / 2]
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """positions [T]; q [T, Hq, D]; k [T, Hkv, D] -> rotated q, k."""
+        cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)

