@@ -13,3 +13,23 @@ def progress(iterable=None, total=None, desc=None, enabled: bool = True):
     """A tqdm bar (notebook-aware), switched off in smoke mode and when asked."""
     from tqdm.auto import tqdm
     return tqdm(iterable, total=total, desc=desc, disable=not enabled or smoke_mode(), dynamic_ncols=True)
+
+
+def default_model() -> str:
+    """MINIVLLM_MODEL, else the Mistral-7B shape (dummy weights) on a GPU, else real SmolLM2 on a CPU."""
+    import torch
+    return os.environ.get("MINIVLLM_MODEL") or ("mistral-7b" if torch.cuda.is_available() else "smollm2-135m")
+
+
+def figures_dir():
+    """Where notebooks save plots: the repo's figures/ folder, or a scratch folder in smoke mode
+    so that a CI run never overwrites the figures of a real GPU run."""
+    import tempfile
+    from pathlib import Path
+    if smoke_mode():
+        path = Path(tempfile.gettempdir()) / "minivllm-figures"
+    else:
+        repo = Path(__file__).resolve().parent.parent
+        path = repo / "figures" if (repo / "pyproject.toml").exists() else Path("figures")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -105,8 +105,9 @@ def w2(
     _check_range("length", min_len, max_len)
     low = _lowest_token_id(vocab_size)
     rng = random.Random(seed)
+    span = vocab_size - low
     prompts = [
-        [low + rng.randint(0, _NANO_VLLM_MAX_ID) % (vocab_size - low) for _ in range(rng.randint(min_len, max_len))]
+        [low + rng.randint(0, _NANO_VLLM_MAX_ID) % span for _ in range(rng.randint(min_len, max_len))]
         for _ in range(num_requests)
     ]
     max_tokens = [rng.randint(min_len, max_len) for _ in range(num_requests)]

@@ -1,0 +1,85 @@
+"""The naive generators every optimization is measured against.
+
+- `recompute_generate`: minivllm's own model with no KV cache at all: every step runs the
+  whole sequence again, so step t costs O(t) tokens of compute (notebook 02's "before").
+- `hf_generate_sequential`: Hugging Face `generate()` one request at a time: what the
+  post that started this project measured (17-18 tok/s on an A100).
+- `hf_generate_static_batch`: Hugging Face `generate()` on padded batches: all requests of a
+  batch start together and the batch runs until its longest answer is done.
+- `hf_generate_continuous`: transformers' own continuous batching (`generate_batch`).
+
+All of them are greedy and produce exactly `max_tokens` new tokens per prompt (no early
+stop: the `ignore_eos` of the benchmarks), and return the new token ids of each prompt.
+
+    >>> hf = hf_model_for(source, "cuda", torch.bfloat16)
+    >>> outs = hf_generate_static_batch(hf, prompts, max_tokens=150, batch_size=60)
+"""
+from __future__ import annotations
+
+import torch
+
+from .attention import NoCacheMetadata
+from .utils import progress
+
+
+@torch.inference_mode()
+def recompute_generate(model, prompts: list[list[int]], max_tokens: int, use_tqdm: bool = False) -> list[list[int]]:
+    """Greedy generation without a KV cache: all sequences in one flat batch, recomputed in full each step."""
+    device = next(model.parameters()).device
+    seqs = [list(p) for p in prompts]
+    for _ in progress(range(max_tokens), desc="recompute", enabled=use_tqdm):
+        lens = [len(s) for s in seqs]
+        cu_seqlens = torch.tensor([0] + lens, device=device).cumsum(0).to(torch.int32)
+        input_ids = torch.tensor([t for s in seqs for t in s], device=device)
+        positions = torch.cat([torch.arange(n, device=device) for n in lens])
+        hidden = model(input_ids, positions, NoCacheMetadata(cu_seqlens, max(lens)))
+        next_tokens = model.compute_logits(hidden[cu_seqlens[1:].long() - 1]).argmax(-1).tolist()
+        for s, t in zip(seqs, next_tokens):
+            s.append(t)
+    return [s[len(p):] for s, p in zip(seqs, prompts)]
+
+
+def hf_model_for(source, device, dtype):
+    """The transformers model of a ModelSource (models.loader.resolve_model): the folder's
+    weights, or random weights of a shape-only preset, created on the device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    if source.folder is not None:
+        return AutoModelForCausalLM.from_pretrained(source.folder, dtype=dtype).to(device).eval()
+    from .models.presets import PRESETS
+    preset = next(p for p in PRESETS.values() if p.config is not None and
+                  p.config["hidden_size"] == source.config.hidden_size and
+                  p.config["num_hidden_layers"] == source.config.num_layers)
+    config = AutoConfig.for_model(**{k: v for k, v in preset.config.items() if k != "architectures"})
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+
+
+def _exactly(max_tokens: int) -> dict:
+    # min_new_tokens suppresses EOS, so every request produces exactly max_tokens tokens.
+    return dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
+
+
+@torch.inference_mode()
+def hf_generate_sequential(hf_model, prompts, max_tokens: int, use_tqdm: bool = False) -> list[list[int]]:
+    device = hf_model.device
+    outs = []
+    for p in progress(prompts, desc="HF one at a time", enabled=use_tqdm):
+        ids = torch.tensor([p], device=device)
+        outs.append(hf_model.generate(ids, attention_mask=torch.ones_like(ids), **_exactly(max_tokens))[0, len(p):].tolist())
+    return outs
+
+
+@torch.inference_mode()
+def hf_generate_static_batch(hf_model, prompts, max_tokens: int, batch_size: int, pad_token_id: int = 0,
+                             use_tqdm: bool = False) -> list[list[int]]:
+    """Left-padded batches of `batch_size`; each batch runs until all its requests are done."""
+    device = hf_model.device
+    outs = []
+    for start in progress(range(0, len(prompts), batch_size), desc="HF static batch", enabled=use_tqdm):
+        batch = prompts[start:start + batch_size]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in batch], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+        gen = hf_model.generate(ids, attention_mask=mask, pad_token_id=pad_token_id, **_exactly(max_tokens))
+        outs += gen[:, width:].tolist()
+    return outs

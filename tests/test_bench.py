@@ -1,0 +1,151 @@
+"""Tests of minivllm.bench: workloads, metrics and the roofline calculator (CPU, fast)."""
+
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from minivllm.bench import metrics, roofline, workloads
+from minivllm.bench.roofline import MISTRAL_7B
+
+H200_BW, H200_FLOPS = roofline.H200_BANDWIDTH_BPS, roofline.H200_MATMUL_FLOPS
+
+
+# --- workloads ---------------------------------------------------------------------------------
+
+
+def test_w1_shape_ranges_and_determinism():
+    w = workloads.w1(32000)
+    assert w.name == "W1" and len(w.prompts) == 60
+    assert all(16 <= len(p) <= 256 for p in w.prompts)
+    assert all(100 <= t < 32000 for p in w.prompts for t in p)
+    assert w.max_tokens == [150] * 60 and w.num_output_tokens == 9000
+    assert w == workloads.w1(32000)
+    assert w != workloads.w1(32000, seed=1)
+
+
+def test_w2_shape_ranges_and_matches_nano_vllm():
+    w = workloads.w2(32000)
+    assert len(w.prompts) == len(w.max_tokens) == 256
+    assert all(100 <= len(p) <= 1024 for p in w.prompts)
+    assert all(100 <= n <= 1024 for n in w.max_tokens)
+    assert all(100 <= t < 32000 for p in w.prompts for t in p)
+    # nano-vllm's README reports this total for its bench.py: same draws, same lengths.
+    assert w.num_output_tokens == 133966
+    assert w == workloads.w2(32000)
+
+
+def test_smoke_sized_workloads_and_tiny_vocab():
+    w = workloads.w1(32000, num_requests=4, max_prompt=32, output_len=8)
+    assert len(w.prompts) == 4 and all(16 <= len(p) <= 32 for p in w.prompts) and w.num_output_tokens == 32
+    w = workloads.w2(50, num_requests=3, min_len=2, max_len=5)
+    assert all(25 <= t < 50 for p in w.prompts for t in p)
+    with pytest.raises(ValueError):
+        workloads.w1(32000, min_prompt=10, max_prompt=5)
+
+
+# --- metrics -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q", [0, 1, 37.5, 50, 90, 99, 100])
+def test_percentile_matches_numpy(q):
+    values = np.random.default_rng(0).exponential(size=101)
+    assert metrics.percentile(values, q) == pytest.approx(np.percentile(values, q))
+    assert metrics.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 == metrics.median([4, 1, 3, 2])
+
+
+def _output(n_tokens, arrival, first, finished):
+    return SimpleNamespace(
+        outputs=[SimpleNamespace(token_ids=list(range(n_tokens)))],
+        metrics=SimpleNamespace(arrival_time=arrival, first_token_time=first, finished_time=finished),
+    )
+
+
+def test_summarize_by_hand():
+    outs = [
+        _output(5, arrival=10.0, first=10.5, finished=12.5),  # ttft 0.5, tpot 2/4 = 0.5, e2e 2.5
+        _output(1, arrival=10.0, first=11.0, finished=11.0),  # ttft 1.0, no tpot, e2e 1.0
+        _output(3, arrival=11.0, first=11.5, finished=12.0),  # ttft 0.5, tpot 0.5/2 = 0.25, e2e 1.0
+    ]
+    s = metrics.summarize(outs)
+    assert s["num_requests"] == 3 and s["output_tokens"] == 9
+    assert s["wall_s"] == pytest.approx(2.5)  # first arrival 10.0 to last finish 12.5
+    assert s["output_tok_s"] == pytest.approx(9 / 2.5)
+    assert s["ttft_p50_s"] == pytest.approx(0.5)
+    assert s["ttft_mean_s"] == pytest.approx(2 / 3)
+    assert s["ttft_p99_s"] == pytest.approx(0.5 + 0.98 * 0.5)  # between the 2nd and 3rd sorted values
+    assert s["tpot_p50_s"] == pytest.approx(0.375) and s["tpot_mean_s"] == pytest.approx(0.375)
+    assert s["e2e_p50_s"] == pytest.approx(1.0) and s["e2e_mean_s"] == pytest.approx(4.5 / 3)
+    assert metrics.summarize(outs, wall_time_s=3.0)["output_tok_s"] == pytest.approx(3.0)
+    assert metrics.summarize(outs[1:2])["tpot_p50_s"] is None
+
+
+def test_timers():
+    with metrics.Timer() as t:
+        sum(range(1000))
+    assert t.elapsed_s > 0
+    ms = metrics.cuda_time_ms(lambda: sum(range(1000)), warmup=1, repeats=4, device="cpu")
+    assert len(ms) == 4 and all(m > 0 for m in ms)
+
+
+def test_format_table_and_save_json(tmp_path):
+    rows = [{"engine": "naive", "tok_s": 26.8}, {"engine": "minivllm", "tok_s": 12345.6, "ttft_s": 0.0123}]
+    lines = metrics.format_table(rows, ["engine", "tok_s", "ttft_s"]).splitlines()
+    assert lines[0].split() == ["engine", "tok_s", "ttft_s"]
+    assert lines[2].split() == ["naive", "26.80", "-"] and lines[3].split() == ["minivllm", "12,346", "0.0123"]
+    assert len({len(line) for line in lines[:2]}) == 1
+    path = metrics.save_json(tmp_path / "a" / "b.json", {"tok_s": np.float64(1.5), "n": np.int64(3)})
+    data = json.loads(path.read_text())
+    assert data == {"hardware": metrics.hardware_name(), "tok_s": 1.5, "n": 3}
+
+
+# --- roofline ----------------------------------------------------------------------------------
+
+
+def test_mistral_bytes():
+    assert roofline.weight_bytes(MISTRAL_7B) == pytest.approx(14.48e9, rel=0.01)
+    assert roofline.kv_bytes_per_token(MISTRAL_7B) == 131072
+
+
+def test_batch1_decode_limit():
+    assert roofline.roofline_tok_s(MISTRAL_7B, 1, 1, H200_BW, H200_FLOPS) == pytest.approx(296, rel=0.02)
+    # Batching shares the weight reads: far more tokens per second, until compute takes over.
+    assert roofline.roofline_tok_s(MISTRAL_7B, 64, 200, H200_BW, H200_FLOPS) > 50 * 296
+
+
+def test_workload_roofline_near_design_numbers():
+    def bound(w, **kw):
+        return roofline.workload_roofline_tok_s(
+            MISTRAL_7B, [len(p) for p in w.prompts], w.max_tokens, H200_BW, H200_FLOPS, **kw
+        )
+
+    assert bound(workloads.w1(32000)) == pytest.approx(12400, rel=0.03)
+    assert bound(workloads.w2(32000)) == pytest.approx(13900, rel=0.03)
+    assert bound(workloads.w1(32000), max_batch=8) < bound(workloads.w1(32000))
+
+
+def test_kv_capacity_gqa_vs_mha_on_a10():
+    mha = replace(MISTRAL_7B, num_kv_heads=32)
+    mha_seqs = roofline.kv_cache_capacity_tokens(mha, roofline.A10_MEMORY_BYTES) / 4096
+    gqa_seqs = roofline.kv_cache_capacity_tokens(MISTRAL_7B, roofline.A10_MEMORY_BYTES) / 4096
+    assert 4 <= mha_seqs <= 5.5
+    assert 4 <= gqa_seqs / mha_seqs <= 5  # 4x smaller cache per token, and smaller weights too
+    assert roofline.max_batch_size(MISTRAL_7B, roofline.A10_MEMORY_BYTES, 4096) == int(gqa_seqs)
+    assert roofline.kv_cache_capacity_tokens(MISTRAL_7B, 10e9) == 0  # weights alone don't fit
+
+
+def test_from_config_engine_and_hf_names():
+    engine_cfg = SimpleNamespace(**{f: getattr(MISTRAL_7B, f) for f in MISTRAL_7B.__dataclass_fields__})
+    assert roofline.ModelShape.from_config(engine_cfg) == MISTRAL_7B
+    hf_cfg = SimpleNamespace(
+        num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+        intermediate_size=14336, vocab_size=32000, tie_word_embeddings=False,
+    )
+    assert roofline.ModelShape.from_config(hf_cfg) == MISTRAL_7B
+
+
+def test_measurements_run_on_cpu():
+    assert roofline.measure_bandwidth_Bps("cpu", nbytes=2**20, warmup=1, repeats=3) > 0
+    assert roofline.measure_matmul_flops("cpu", n=64, warmup=1, repeats=3) > 0
