@@ -1,10 +1,6 @@
 """Shared fixtures: tiny Llama/Mistral checkpoints made with transformers at test time."""
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("MINIVLLM_SMOKE", "1")  # quiet progress bars
-
 import pytest
 import torch
 

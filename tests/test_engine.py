@@ -1,0 +1,126 @@
+"""LLM / LLMEngine end to end: greedy output equals transformers, the engine API, bad input."""
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def random_prompts(n, seed, low=1, high=40, vocab=211):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(low, high, (n,), generator=g).tolist()
+    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lens]
+
+
+def hf_greedy(hf, prompt, n):
+    out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                      max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("max_num_seqs,rows", [(8, 8), (3, 8), (8, 2)])  # one batch; several static batches
+def test_greedy_matches_transformers(tiny_llama, max_num_seqs, rows):
+    folder, hf = tiny_llama
+    llm = LLM(folder, max_model_len=64, block_size=16, num_kv_blocks=rows * 4, max_num_seqs=max_num_seqs)
+    prompts = random_prompts(5, seed=max_num_seqs * 10 + rows)
+    outs = llm.generate(prompts, GREEDY)
+    for p, o in zip(prompts, outs):
+        assert o.outputs[0].token_ids == hf_greedy(hf, p, 12)
+        assert o.prompt_token_ids == p and o.finished and o.outputs[0].finish_reason == "length"
+    stats = llm.llm_engine.get_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_sliding_window_generation_matches_transformers(tiny_mistral):
+    folder, hf = tiny_mistral  # window 7, 1 KV head for 4 query heads
+    llm = LLM(folder, max_model_len=80, num_kv_blocks=20)
+    prompts = random_prompts(3, seed=3, low=2, high=30)
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    for p, o in zip(prompts, outs):
+        assert o.outputs[0].token_ids == hf_greedy(hf, p, 20)
+
+
+def test_prompt_forms_and_per_prompt_params(tiny_llama):
+    llm = LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=16)
+    p = [3, 1, 4, 1, 5]
+    a, b, c = llm.generate([p, {"prompt_token_ids": p}, p],
+                           [GREEDY, GREEDY, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)])
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    assert c.outputs[0].token_ids == a.outputs[0].token_ids[:3]
+    single = llm.generate(p, GREEDY)
+    assert len(single) == 1 and single[0].outputs[0].token_ids == a.outputs[0].token_ids
+
+
+def test_metrics_are_ordered(tiny_llama):
+    llm = LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=16)
+    m = llm.generate([[1, 2, 3]], GREEDY)[0].metrics
+    assert m.arrival_time <= m.first_token_time <= m.finished_time
+
+
+def test_stop_tokens_eos_and_max_model_len(tiny_llama):
+    folder, hf = tiny_llama
+    llm = LLM(folder, max_model_len=20, num_kv_blocks=8)
+    p = [7, 8, 9]
+    full = llm.generate(p, GREEDY)[0].outputs[0].token_ids
+    stop_at = full[4]
+    out = llm.generate(p, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_at]))[0].outputs[0]
+    assert out.token_ids == full[:full.index(stop_at) + 1] and out.finish_reason == "stop"
+    llm.llm_engine.eos_token_ids = {stop_at}
+    assert llm.generate(p, SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].finish_reason == "stop"
+    assert llm.generate(p, GREEDY)[0].outputs[0].token_ids == full  # ignore_eos
+    capped = llm.generate([1] * 15, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))[0].outputs[0]
+    assert len(capped.token_ids) == 5 and capped.finish_reason == "length"  # 15 + 5 = max_model_len
+
+
+def test_step_api_and_abort(tiny_llama):
+    engine = LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=16).llm_engine
+    engine.add_request("a", [1, 2, 3], GREEDY)
+    engine.add_request("b", [4, 5], GREEDY)
+    first = engine.step()
+    assert {o.request_id for o in first} == {"a", "b"} and all(len(o.outputs[0].token_ids) == 1 for o in first)
+    engine.abort_request("a")
+    seen = []
+    while engine.has_unfinished_requests():
+        seen += engine.step()
+    assert {o.request_id for o in seen} == {"b"} and seen[-1].finished
+    stats = engine.get_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and stats["num_running"] == stats["num_waiting"] == 0
+
+
+@pytest.mark.parametrize("prompt,match", [
+    ([], "empty prompt"),
+    ([1, 2, 999], "outside the vocabulary"),
+    ([-1], "outside the vocabulary"),
+    ([1] * 64, "max_model_len"),
+    ("some text", "no tokenizer"),
+    ([1.5], "token ids"),
+])
+def test_bad_prompt_is_a_clear_error_and_the_engine_goes_on(tiny_llama, prompt, match):
+    llm = LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=16)
+    engine = llm.llm_engine
+    engine.add_request("good", [1, 2, 3], GREEDY)
+    engine.step()
+    with pytest.raises(ValueError, match=match):
+        engine.add_request("bad", prompt, GREEDY)
+    with pytest.raises(ValueError, match=match):
+        llm.generate([[5, 6], prompt], GREEDY)
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+    assert outs[-1].request_id == "good" and len(outs[-1].outputs[0].token_ids) == 12
+    stats = engine.get_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_bad_requests_and_options(tiny_llama):
+    llm = LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=16)
+    llm.llm_engine.add_request("x", [1], GREEDY)
+    with pytest.raises(ValueError, match="already in use"):
+        llm.llm_engine.add_request("x", [1], GREEDY)
+    with pytest.raises(ValueError, match="prompts but"):
+        llm.generate([[1], [2]], [GREEDY])
+    with pytest.raises(ValueError, match="less than one sequence"):
+        LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=2)
+    for bad in (dict(dtype="float8"), dict(load_format="pt"), dict(attention_backend="cuda")):
+        with pytest.raises(ValueError):
+            LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=16, **bad)
