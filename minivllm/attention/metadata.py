@@ -20,7 +20,7 @@ case of one block per sequence with `block_size = max_model_len`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,9 @@ class AttentionMetadata:
     block_size: int
     max_query_len: int
     max_context_len: int
+    # Index tensors and masks derived from the fields above, the same for every layer: the
+    # reference attention computes them at the first layer and reuses them at the others.
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -50,3 +53,4 @@ class NoCacheMetadata:
     tokens only (the "recompute everything" baseline and the logits checks)."""
     cu_seqlens_q: torch.Tensor      # [num_seqs + 1] int32
     max_query_len: int
+    derived: dict = field(default_factory=dict, repr=False, compare=False)

@@ -10,7 +10,9 @@ windows, because all of them are the same computation on a padded view of the fl
    and j > p - sliding_window (the window keeps the last `sliding_window` tokens);
 4. softmax attention, then drop the padding again.
 
-The Triton backend (kernels/) computes the same thing without materialising the gather.
+The index tensors and the mask of steps 1-3 are the same for every layer, so they are
+built once per step and kept in `meta.derived`. The Triton backend (kernels/) computes
+the same thing without materialising the gather.
 """
 from __future__ import annotations
 
@@ -27,26 +29,34 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     v_cache.view(-1, *v.shape[1:])[slot_mapping] = v
 
 
-def _pad_index(cu_seqlens: torch.Tensor, max_len: int):
-    """Index of each sequence's i-th token in the flat batch, and whether it exists."""
+def _pad_index(cu_seqlens: torch.Tensor, max_len: int, num_tokens: int):
+    """Index of each sequence's i-th token in the flat batch, whether it exists, where the real
+    tokens sit in the padded layout (to unpad without a boolean mask, which would cost a host
+    synchronisation at every layer), and the lengths."""
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     i = torch.arange(max_len, device=cu_seqlens.device)
     valid = i[None, :] < lens[:, None]
-    index = (cu_seqlens[:-1, None] + i[None, :]).clamp(max=int(cu_seqlens[-1]) - 1)
-    return index.long(), valid, lens
+    index = (cu_seqlens[:-1, None] + i[None, :]).clamp(max=num_tokens - 1)
+    unpad = valid.flatten().nonzero().squeeze(1)
+    return index.long(), valid, unpad, lens
 
 
-def masked_attention(q, k, v, q_lens, kv_lens, scale, sliding_window=None, q_valid=None):
-    """Attention over padded tensors: q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D]. The new queries
-    are the last q_lens[b] of the kv_lens[b] tokens of sequence b."""
-    num_queries, num_keys = q.shape[1], k.shape[1]
-    q_pos = (kv_lens - q_lens)[:, None] + torch.arange(num_queries, device=q.device)[None, :]
-    k_pos = torch.arange(num_keys, device=q.device)[None, None, :]
+def attention_mask(q_lens, kv_lens, num_queries, num_keys, sliding_window=None, q_valid=None):
+    """[B, Lq, Lk] bool: may query i of sequence b see key j? The new queries are the last
+    q_lens[b] of the kv_lens[b] tokens of sequence b."""
+    device = q_lens.device
+    q_pos = (kv_lens - q_lens)[:, None] + torch.arange(num_queries, device=device)[None, :]
+    k_pos = torch.arange(num_keys, device=device)[None, None, :]
     mask = (k_pos <= q_pos[:, :, None]) & (k_pos < kv_lens[:, None, None])
     if sliding_window is not None:
         mask &= k_pos > q_pos[:, :, None] - sliding_window
     if q_valid is not None:
         mask |= ~q_valid[:, :, None]  # padding rows: any finite softmax will do, they are dropped
+    return mask
+
+
+def masked_attention(q, k, v, mask, scale):
+    """Softmax attention over padded tensors: q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D], mask [B, Lq, Lk]."""
     group = q.shape[2] // k.shape[2]  # GQA: each KV head serves `group` query heads
     k = k.repeat_interleave(group, dim=2)
     v = v.repeat_interleave(group, dim=2)
@@ -55,22 +65,35 @@ def masked_attention(q, k, v, q_lens, kv_lens, scale, sliding_window=None, q_val
     return out.transpose(1, 2)
 
 
+def _paged_plan(meta: AttentionMetadata, num_tokens: int, sliding_window):
+    key = ("paged", sliding_window)
+    if key not in meta.derived:
+        q_index, q_valid, unpad, q_lens = _pad_index(meta.cu_seqlens_q, meta.max_query_len, num_tokens)
+        j = torch.arange(meta.max_context_len, device=q_index.device)
+        blocks = meta.block_tables.long()[:, j // meta.block_size]
+        slots = blocks * meta.block_size + j % meta.block_size          # [B, Lk]
+        mask = attention_mask(q_lens, meta.context_lens, meta.max_query_len, meta.max_context_len,
+                              sliding_window, q_valid)
+        meta.derived[key] = (q_index, unpad, slots, mask)
+    return meta.derived[key]
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, sliding_window: int | None = None) -> torch.Tensor:
     """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D], keys/values read from the cache."""
-    q_index, q_valid, q_lens = _pad_index(meta.cu_seqlens_q, meta.max_query_len)
-    j = torch.arange(meta.max_context_len, device=q.device)
-    blocks = meta.block_tables.long()[:, j // meta.block_size]
-    slots = blocks * meta.block_size + j % meta.block_size          # [B, Lk]
+    q_index, unpad, slots, mask = _paged_plan(meta, q.shape[0], sliding_window)
     k = k_cache.view(-1, *k_cache.shape[2:])[slots]
     v = v_cache.view(-1, *v_cache.shape[2:])[slots]
-    out = masked_attention(q[q_index], k, v, q_lens, meta.context_lens, scale, sliding_window, q_valid)
-    return out[q_valid]
+    return masked_attention(q[q_index], k, v, mask, scale).flatten(0, 1)[unpad]
 
 
 def attention_without_cache(q, k, v, meta: NoCacheMetadata, scale: float,
                             sliding_window: int | None = None) -> torch.Tensor:
     """Each sequence attends causally over its own tokens in this batch (no KV cache)."""
-    index, valid, lens = _pad_index(meta.cu_seqlens_q, meta.max_query_len)
-    out = masked_attention(q[index], k[index], v[index], lens, lens, scale, sliding_window, valid)
-    return out[valid]
+    key = ("no-cache", sliding_window)
+    if key not in meta.derived:
+        index, valid, unpad, lens = _pad_index(meta.cu_seqlens_q, meta.max_query_len, q.shape[0])
+        meta.derived[key] = (index, unpad, attention_mask(lens, lens, meta.max_query_len, meta.max_query_len,
+                                                          sliding_window, valid))
+    index, unpad, mask = meta.derived[key]
+    return masked_attention(q[index], k[index], v[index], mask, scale).flatten(0, 1)[unpad]

@@ -1,0 +1,143 @@
+"""The benchmark CLI: engines side by side on one workload, in one process, one table.
+
+    python -m minivllm.bench                                   # W1, Mistral-7B shape, everything
+    python -m minivllm.bench --engines minivllm,hf-static      # a subset
+    python -m minivllm.bench --smoke                           # seconds, on any machine
+
+Engines: hf-sequential (transformers one request at a time; slow, so by default only the
+first --sequential-requests requests of the workload), hf-static (one padded batch),
+recompute (minivllm's model without a KV cache), minivllm (the engine). Also batch-1 decode
+latency and a profile of one decode step. Every throughput is given as a fraction of the
+workload's roofline, computed from the bandwidth and matmul rate measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import dataclasses
+import gc
+
+import torch
+
+from ..baselines import hf_model_for
+from ..llm import LLM
+from ..models.loader import resolve_model
+from ..utils import figures_dir
+from . import roofline, runners
+from .metrics import format_table, hardware_name, median, save_json
+from .profile import decode_step_profile, decode_step_times_ms
+from .workloads import w1, w2
+
+ENGINES = ("hf-sequential", "hf-static", "recompute", "minivllm")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m minivllm.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="mistral-7b")
+    p.add_argument("--workload", choices=("w1", "w2"), default="w1")
+    p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--sequential-requests", type=int, default=6,
+                   help="requests hf-sequential runs (the first N of the workload)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the workload's longest request")
+    p.add_argument("--no-decode", action="store_true", help="skip batch-1 decode latency and the profile")
+    p.add_argument("--out", default=None, help="JSON path (default: figures/bench_<workload>.json)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: check that everything runs")
+    return p.parse_args(argv)
+
+
+def free_memory():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.smoke:
+        os.environ["MINIVLLM_SMOKE"] = "1"  # results and figures go to a scratch folder
+    engines = args.engines.split(",")
+    unknown = set(engines) - set(ENGINES)
+    if unknown:
+        raise SystemExit(f"unknown engines {sorted(unknown)}; choose from {ENGINES}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
+    if device == "cpu":
+        args.dtype, dtype = "float32", torch.float32  # CPUs are slow and inexact in half precision
+    source = resolve_model(args.model)
+    cfg = source.config
+    if args.smoke:
+        work = w1(cfg.vocab_size, num_requests=4, max_prompt=32, output_len=8)
+    else:
+        work = (w1 if args.workload == "w1" else w2)(cfg.vocab_size)
+    max_len = args.max_model_len or max(len(p) + n for p, n in zip(work.prompts, work.max_tokens))
+    print(f"{hardware_name()} | {args.model} ({'dummy weights' if source.folder is None else 'real weights'}), "
+          f"{args.dtype} | {work.name}: {len(work.prompts)} requests, {work.num_output_tokens} output tokens")
+
+    shape = roofline.ModelShape.from_config(cfg)
+    ceilings = {}
+    if device == "cuda":
+        ceilings = {"bandwidth_Bps": roofline.measure_bandwidth_Bps(),
+                    "matmul_flops": roofline.measure_matmul_flops(dtype=dtype)}
+        ceilings["workload_roofline_tok_s"] = roofline.workload_roofline_tok_s(
+            shape, [len(p) for p in work.prompts], work.max_tokens, ceilings["bandwidth_Bps"],
+            ceilings["matmul_flops"], dtype_bytes=dtype.itemsize)
+        ceilings["batch1_roofline_tok_s"] = roofline.roofline_tok_s(
+            shape, 1, 128, ceilings["bandwidth_Bps"], ceilings["matmul_flops"], dtype.itemsize)
+
+    rows = []
+    if {"hf-sequential", "hf-static"} & set(engines):
+        hf = hf_model_for(source, device, dtype)
+        if "hf-sequential" in engines:
+            n = min(args.sequential_requests, len(work.prompts))
+            first = dataclasses.replace(work, name=f"{work.name} (first {n})", prompts=work.prompts[:n],
+                                        max_tokens=work.max_tokens[:n])
+            rows.append(runners.run_hf_sequential(hf, first))
+        if "hf-static" in engines:
+            rows.append(runners.run_hf_static(hf, work))
+        del hf
+        free_memory()
+
+    decode = {}
+    if {"recompute", "minivllm"} & set(engines) or not args.no_decode:
+        llm = LLM(args.model, dtype=args.dtype, max_model_len=max_len,
+                  load_format="dummy" if source.folder is None else "auto", gpu_memory_utilization=0.6)
+        if "minivllm" in engines:
+            rows.append(runners.run_minivllm(llm, work))
+        if "recompute" in engines:
+            rows.append(runners.run_recompute(llm.llm_engine.model, work))
+        if not args.no_decode:
+            context = 16 if args.smoke else 128
+            step_ms = median(decode_step_times_ms(llm, batch=1, context=context, steps=8 if args.smoke else 100))
+            decode["batch1"] = {"context": context, "ms_per_token": step_ms, "tok_s": 1e3 / step_ms}
+            if device == "cuda":
+                decode["batch1"]["roofline_fraction"] = decode["batch1"]["tok_s"] / ceilings["batch1_roofline_tok_s"]
+                decode["profile_batch1"] = decode_step_profile(llm, batch=1, context=context)
+                decode["profile_batch60"] = decode_step_profile(llm, batch=len(work.prompts) if not args.smoke
+                                                                else 4, context=160)
+        del llm
+        free_memory()
+
+    for row in rows:
+        if "workload_roofline_tok_s" in ceilings:
+            row["roofline_fraction"] = row["output_tok_s"] / ceilings["workload_roofline_tok_s"]
+    print(format_table(rows, ["engine", "workload", "num_requests", "output_tokens", "wall_s", "output_tok_s",
+                              "roofline_fraction", "ttft_p50_s", "tpot_p50_s", "e2e_p50_s"]))
+    if decode:
+        b1 = decode["batch1"]
+        limit = f" (roofline {ceilings['batch1_roofline_tok_s']:.0f} tok/s)" if ceilings else ""
+        print(f"batch-1 decode: {b1['ms_per_token']:.2f} ms/token = {b1['tok_s']:.1f} tok/s{limit}")
+        for key in ("profile_batch1", "profile_batch60"):
+            if key in decode:
+                p = decode[key]
+                print(f"decode step at batch {p['batch']}: wall {p['wall_ms']:.2f} ms, GPU kernels {p['gpu_ms']:.2f} ms,"
+                      f" overhead {p['overhead_ms']:.2f} ms ({100 * p['overhead_fraction']:.0f}%),"
+                      f" {p['kernel_launches_per_step']:.0f} kernels/step")
+    out = args.out or figures_dir() / f"bench_{work.name.lower()}.json"
+    save_json(out, {"model": args.model, "dtype": args.dtype, "workload": work.name, "ceilings": ceilings,
+                    "rows": rows, "decode": decode})
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""On the GPU: the engine agrees with transformers there too. Skipped without CUDA; run on the
+GPU machine with `python -m pytest -m gpu tests/test_gpu.py`."""
+import pytest
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.models.loader import resolve_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def test_greedy_matches_transformers_on_the_gpu(tiny_llama, tiny_mistral):
+    from transformers import AutoModelForCausalLM
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (4, 19, 33)]
+    for folder, _ in (tiny_llama, tiny_mistral):
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda()
+        llm = LLM(folder, dtype="float32", max_model_len=96, num_kv_blocks=24)
+        outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+        for p, o in zip(prompts, outs):
+            ids = torch.tensor([p], device="cuda")
+            ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
+                              do_sample=False)[0, len(p):].tolist()
+            assert o.outputs[0].token_ids == ref
+
+
+def test_bf16_logits_close_to_float32(tiny_llama):
+    from minivllm.attention import NoCacheMetadata
+    from minivllm.models.loader import build_model
+    source = resolve_model(tiny_llama[0])
+    ids = torch.randint(0, 211, (40,), device="cuda")
+    meta = NoCacheMetadata(torch.tensor([0, 40], device="cuda", dtype=torch.int32), 40)
+    logits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = build_model(source.config, "cuda", dtype, 64, source.folder)
+        with torch.no_grad():
+            logits[dtype] = model.compute_logits(model(ids, torch.arange(40, device="cuda"), meta))
+    err = (logits[torch.bfloat16] - logits[torch.float32]).norm() / logits[torch.float32].norm()
+    assert err < 2e-2
+
+
+def test_mistral_7b_dummy_runs_a_batch():
+    llm = LLM("mistral-7b", load_format="dummy", max_model_len=256, num_kv_blocks=64)
+    assert llm.llm_engine.dtype == torch.bfloat16
+    outs = llm.generate([[1, 2, 3], list(range(5, 100))], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4]
