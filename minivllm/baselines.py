@@ -83,3 +83,14 @@ def hf_generate_static_batch(hf_model, prompts, max_tokens: int, batch_size: int
         gen = hf_model.generate(ids, attention_mask=mask, pad_token_id=pad_token_id, **_exactly(max_tokens))
         outs += gen[:, width:].tolist()
     return outs
+
+
+@torch.inference_mode()
+def hf_generate_continuous(hf_model, prompts, max_tokens: int) -> list[list[int]]:
+    """transformers' own continuous batching (paged KV cache, requests join as others finish)."""
+    from transformers import GenerationConfig
+    # eos_token_id=None switches end-of-sequence off: every request produces max_tokens tokens.
+    config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    outs = hf_model.generate_batch(inputs=[list(p) for p in prompts], generation_config=config)
+    # Request ids are "req_<index in prompts>".
+    return [outs[f"req_{i}"].generated_tokens for i in range(len(prompts))]

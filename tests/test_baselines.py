@@ -2,7 +2,8 @@
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.baselines import hf_generate_sequential, hf_generate_static_batch, hf_model_for, recompute_generate
+from minivllm.baselines import (hf_generate_continuous, hf_generate_sequential, hf_generate_static_batch, hf_model_for,
+                                recompute_generate)
 from minivllm.models.loader import resolve_model
 
 
@@ -17,6 +18,7 @@ def test_all_baselines_agree_with_the_engine(tiny_llama):
     hf = hf_model_for(resolve_model(folder), "cpu", torch.float32)
     assert hf_generate_sequential(hf, prompts, 8) == engine
     assert hf_generate_static_batch(hf, prompts, 8, batch_size=2) == engine
+    assert hf_generate_continuous(hf, prompts, 8) == engine
 
 
 def test_hf_model_for_a_shape_only_preset():
