@@ -55,11 +55,17 @@ def attention_mask(q_lens, kv_lens, num_queries, num_keys, sliding_window=None, 
     return mask
 
 
+def _expand_kv_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """GQA: each KV head serves `num_heads / kv_heads` consecutive query heads. (expand + reshape
+    rather than repeat_interleave, which can wait on the GPU to learn its output size.)"""
+    b, n, kv_heads, d = x.shape
+    group = num_heads // kv_heads
+    return x[:, :, :, None, :].expand(b, n, kv_heads, group, d).reshape(b, n, num_heads, d)
+
+
 def masked_attention(q, k, v, mask, scale):
     """Softmax attention over padded tensors: q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D], mask [B, Lq, Lk]."""
-    group = q.shape[2] // k.shape[2]  # GQA: each KV head serves `group` query heads
-    k = k.repeat_interleave(group, dim=2)
-    v = v.repeat_interleave(group, dim=2)
+    k, v = _expand_kv_heads(k, q.shape[2]), _expand_kv_heads(v, q.shape[2])
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=mask[:, None], scale=scale)
     return out.transpose(1, 2)

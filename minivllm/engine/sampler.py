@@ -27,14 +27,12 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            generators: list, default_generator: torch.Generator | None = None,
-           all_greedy: bool = False, filter_top: bool = True) -> torch.Tensor:
+           filter_top: bool = True) -> torch.Tensor:
     """logits [B, V] float32; per-row temperature/top_k/top_p [B]; generators: one per row or None.
-    Returns the next token of each row, [B] int64. The caller knows from the host-side params
-    whether all rows are greedy or none filters (`all_greedy`, `filter_top`): asking the
-    device would cost a synchronisation."""
+    Returns the next token of each row, [B] int64. `filter_top=False` skips the sort when the
+    caller knows (from the host-side params: asking the device would cost a synchronisation)
+    that no row uses top-k or top-p."""
     greedy_tokens = logits.argmax(dim=-1)
-    if all_greedy:
-        return greedy_tokens
     logits = logits / temperature.clamp_min(1e-5)[:, None]  # greedy rows are replaced below
     if filter_top:
         logits = apply_top_k_top_p(logits, top_k, top_p)
@@ -56,9 +54,10 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs) -> torch.Tensor:
         params = [s.params for s in seqs]
+        if all(p.greedy for p in params):  # no per-row tensors to send to the device
+            return logits.argmax(dim=-1)
         temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device)
         top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=self.device)
         top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=self.device)
         return sample(logits, temperature, top_k, top_p, [s.generator for s in seqs], self.generator,
-                      all_greedy=all(p.greedy for p in params),
                       filter_top=any(p.top_k > 0 or p.top_p < 1 for p in params))

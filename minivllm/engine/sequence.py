@@ -33,6 +33,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        self.block_hashes: list[int] = []   # prefix hashes of its full blocks (prefix caching)
+        self.num_cached_blocks = 0          # leading blocks already named in the prefix cache
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
         self.generator = None
