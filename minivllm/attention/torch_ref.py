@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .metadata import AttentionMetadata, NoCacheMetadata
+
+
+SDP_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -66,8 +70,11 @@ def _expand_kv_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 def masked_attention(q, k, v, mask, scale):
     """Softmax attention over padded tensors: q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D], mask [B, Lq, Lk]."""
     k, v = _expand_kv_heads(k, q.shape[2]), _expand_kv_heads(v, q.shape[2])
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=mask[:, None], scale=scale)
+    # Not cuDNN's backend: it builds a new plan for every new shape, and during decode the
+    # context grows by one token per step, so every step would pay tens of ms for a plan.
+    with sdpa_kernel(SDP_BACKENDS):
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                             attn_mask=mask[:, None], scale=scale)
     return out.transpose(1, 2)
 
 
