@@ -132,6 +132,10 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    # Switches for ablations (every optimization on, one off): False gives each sequence one
+    # block of max_model_len tokens (a contiguous cache), and static batching.
+    enable_paged_kv: bool = True
+    enable_continuous_batching: bool = True
     attention_backend: str = "auto"
     enforce_eager: bool = False
     seed: int = 0

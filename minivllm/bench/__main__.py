@@ -6,7 +6,9 @@
 
 Engines: hf-sequential (transformers one request at a time; slow, so by default only the
 first --sequential-requests requests of the workload), hf-static (one padded batch),
-recompute (minivllm's model without a KV cache), minivllm (the engine). Also batch-1 decode
+hf-continuous (transformers' generate_batch), recompute (minivllm's model without a KV
+cache), minivllm-static (contiguous cache, static batching: the foundation's engine) and
+minivllm (paged KV, continuous batching, chunked prefill, prefix caching). Also batch-1 decode
 latency and a profile of one decode step. Every throughput is given as a fraction of the
 workload's roofline, computed from the bandwidth and matmul rate measured in the same run.
 """
@@ -28,7 +30,9 @@ from .metrics import format_table, hardware_name, median, save_json
 from .profile import decode_step_profile, decode_step_times_ms
 from .workloads import w1, w2
 
-ENGINES = ("hf-sequential", "hf-static", "recompute", "minivllm")
+ENGINES = ("hf-sequential", "hf-static", "hf-continuous", "recompute", "minivllm-static", "minivllm")
+STATIC = dict(enable_paged_kv=False, enable_continuous_batching=False, enable_chunked_prefill=False,
+              enable_prefix_caching=False)
 
 
 def parse_args(argv=None):
@@ -86,7 +90,7 @@ def main(argv=None):
             shape, 1, 128, ceilings["bandwidth_Bps"], ceilings["matmul_flops"], dtype.itemsize)
 
     rows = []
-    if {"hf-sequential", "hf-static"} & set(engines):
+    if {"hf-sequential", "hf-static", "hf-continuous"} & set(engines):
         hf = hf_model_for(source, device, dtype)
         if "hf-sequential" in engines:
             n = min(args.sequential_requests, len(work.prompts))
@@ -95,13 +99,21 @@ def main(argv=None):
             rows.append(runners.run_hf_sequential(hf, first))
         if "hf-static" in engines:
             rows.append(runners.run_hf_static(hf, work))
+        if "hf-continuous" in engines:
+            rows.append(runners.run_hf_continuous(hf, work))
         del hf
         free_memory()
 
+    engine_args = dict(dtype=args.dtype, max_model_len=max_len, gpu_memory_utilization=0.6,
+                       load_format="dummy" if source.folder is None else "auto")
+    if "minivllm-static" in engines:
+        llm = LLM(args.model, **engine_args, **STATIC)
+        rows.append(runners.run_minivllm(llm, work, engine="minivllm contiguous + static"))
+        del llm
+        free_memory()
     decode = {}
     if {"recompute", "minivllm"} & set(engines) or not args.no_decode:
-        llm = LLM(args.model, dtype=args.dtype, max_model_len=max_len,
-                  load_format="dummy" if source.folder is None else "auto", gpu_memory_utilization=0.6)
+        llm = LLM(args.model, **engine_args)
         if "minivllm" in engines:
             rows.append(runners.run_minivllm(llm, work))
         if "recompute" in engines:
@@ -122,7 +134,8 @@ def main(argv=None):
         if "workload_roofline_tok_s" in ceilings:
             row["roofline_fraction"] = row["output_tok_s"] / ceilings["workload_roofline_tok_s"]
     print(format_table(rows, ["engine", "workload", "num_requests", "output_tokens", "wall_s", "output_tok_s",
-                              "roofline_fraction", "ttft_p50_s", "tpot_p50_s", "e2e_p50_s"]))
+                              "roofline_fraction", "ttft_p50_s", "tpot_p50_s", "e2e_p50_s",
+                              "num_preemptions"]))
     if decode:
         b1 = decode["batch1"]
         limit = f" (roofline {ceilings['batch1_roofline_tok_s']:.0f} tok/s)" if ceilings else ""

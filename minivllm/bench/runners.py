@@ -25,13 +25,14 @@ def _warm_up(generate) -> None:
     generate([[1, 2, 3, 4]], 2)
 
 
-def run_minivllm(llm, w: Workload, use_tqdm: bool = False) -> dict:
+def run_minivllm(llm, w: Workload, use_tqdm: bool = False, engine: str = "minivllm") -> dict:
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in w.max_tokens]
     llm.generate([[1, 2, 3, 4]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     with Timer() as t:
         outputs = llm.generate(w.prompts, params, use_tqdm=use_tqdm)
     stats = summarize(outputs, wall_time_s=t.elapsed_s)
-    return {"engine": "minivllm", "workload": w.name, **stats}
+    stats["num_preemptions"] = llm.llm_engine.get_stats()["num_preemptions"]
+    return {"engine": engine, "workload": w.name, **stats}
 
 
 def _same_length(w: Workload) -> int:
@@ -65,3 +66,11 @@ def run_hf_static(hf_model, w: Workload, batch_size: int | None = None) -> dict:
     with Timer() as t:
         outs = baselines.hf_generate_static_batch(hf_model, w.prompts, n, batch_size or len(w.prompts))
     return _row("transformers static batch", w, sum(map(len, outs)), t.elapsed_s)
+
+
+def run_hf_continuous(hf_model, w: Workload) -> dict:
+    n = _same_length(w)
+    _warm_up(lambda p, k: baselines.hf_generate_continuous(hf_model, p, k))
+    with Timer() as t:
+        outs = baselines.hf_generate_continuous(hf_model, w.prompts, n)
+    return _row("transformers continuous batching", w, sum(map(len, outs)), t.elapsed_s)

@@ -6,32 +6,39 @@
     ...     for out in engine.step():
     ...         print(out.request_id, out.outputs[0].token_ids, out.finished)
 
-A step is: the scheduler picks sequences -> the model runner builds one flat batch and runs
-the model -> the sampler picks one token per sequence -> each sequence is checked against
-its stop conditions -> finished ones leave and give back their KV cache.
+A step is: the scheduler picks sequences and how many tokens each computes -> the model
+runner builds one flat batch and runs the model -> the sampler picks one token for every
+sequence whose prompt is now complete -> stop conditions -> finished ones leave and give
+back their KV blocks.
+
+Every optimization is a switch here, so that an ablation is one argument:
+`enable_paged_kv=False` gives each sequence one block of `max_model_len` tokens (the
+contiguous cache of Hugging Face `generate`), `enable_continuous_batching=False` is static
+batching, and `enable_chunked_prefill` / `enable_prefix_caching` do what they say.
 
 Bad input (an empty prompt, ids outside the vocabulary, a prompt that does not fit
-`max_model_len`, a duplicate request id) raises `ValueError` from `add_request` and
-changes nothing: the requests already in the engine go on.
+`max_model_len`, a request that could never fit in the KV pool, a duplicate request id)
+raises `ValueError` from `add_request` and changes nothing: other requests go on.
 """
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 
-from ..cache import ContiguousCacheManager, allocate_kv_cache, kv_bytes_per_token
-from ..cache.kv_cache import kv_cache_budget_bytes
+from ..cache.block_manager import BlockManager, cdiv
+from ..cache.kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
 from ..config import EngineConfig, resolve_dtype
 from ..models.loader import build_model, generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .model_runner import ModelRunner
 from .sampler import Sampler
+from .scheduler import Scheduler
 from .sequence import Sequence
-from .static_scheduler import StaticScheduler
 
-DEFAULT_PROFILE_TOKENS = 8192  # the largest step the memory profile plans for
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # a step's token budget when chunking: big enough to keep the GPU busy
 
 
 class LLMEngine:
@@ -47,26 +54,43 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(source.folder)
         self.eos_token_ids = set(generation_eos_ids(cfg, source.folder))
 
-        self.runner = ModelRunner(self.model, self.max_model_len, self.device)
-        # The contiguous cache: a row of max_model_len slots per sequence, as many rows as fit.
-        if config.num_kv_blocks is not None:
-            capacity_tokens = config.num_kv_blocks * config.block_size
-        else:
-            if self.device.type == "cuda":
-                self.runner.profile_run(config.max_num_batched_tokens or DEFAULT_PROFILE_TOKENS, self.max_model_len)
-            capacity_tokens = kv_cache_budget_bytes(self.device, config.gpu_memory_utilization) // kv_bytes_per_token(
-                cfg, self.dtype)
-        num_rows = min(config.max_num_seqs, capacity_tokens // self.max_model_len)
-        if num_rows < 1:
-            raise ValueError(f"the KV cache holds {capacity_tokens} tokens, less than one sequence of "
-                             f"max_model_len={self.max_model_len}: lower max_model_len or raise the cache size")
-        kv = allocate_kv_cache(cfg, num_rows, self.max_model_len, self.dtype, self.device)
+        self.max_num_batched_tokens = config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        if not config.enable_chunked_prefill:  # a whole prompt must fit in one step
+            self.max_num_batched_tokens = max(self.max_num_batched_tokens, self.max_model_len)
+        prefix_caching = config.enable_prefix_caching and config.enable_paged_kv
+        if prefix_caching and cfg.sliding_window is not None:
+            # As vLLM did: blocks released outside the window break the chain of cached prefix blocks.
+            warnings.warn("prefix caching is turned off for models with a sliding window")
+            prefix_caching = False
+        self.block_size = config.block_size if config.enable_paged_kv else self.max_model_len
+
+        self.runner = ModelRunner(self.model, self.block_size, self.device)
+        num_blocks = self._num_kv_blocks()
+        kv = allocate_kv_cache(cfg, num_blocks, self.block_size, self.dtype, self.device)
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
             layer.bind_cache(k_cache, v_cache)
-        self.cache = ContiguousCacheManager(num_rows)
-        self.scheduler = StaticScheduler(self.cache, config.max_num_seqs)
+        self.block_manager = BlockManager(num_blocks, self.block_size, prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens,
+                                   config.enable_chunked_prefill, cfg.sliding_window,
+                                   continuous=config.enable_continuous_batching)
         self.sampler = Sampler(self.device, config.seed)
         self.requests: dict[str, Sequence] = {}
+
+    def _num_kv_blocks(self) -> int:
+        """KV capacity: what the user asked for, or what fits after a profiling forward."""
+        config = self.config
+        if config.num_kv_blocks is not None:
+            tokens = config.num_kv_blocks * config.block_size
+        else:
+            if self.device.type == "cuda":
+                self.runner.profile_run(self.max_num_batched_tokens, self.max_model_len)
+            budget = kv_cache_budget_bytes(self.device, config.gpu_memory_utilization)
+            tokens = budget // kv_bytes_per_token(self.model_config, self.dtype)
+        num_blocks = tokens // self.block_size
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache holds {tokens} tokens, less than one block of {self.block_size}: "
+                             "lower max_model_len or block_size, or give the cache more memory")
+        return num_blocks
 
     # ---- requests in -------------------------------------------------------------------
     def encode_prompt(self, prompt) -> tuple[str | None, list[int]]:
@@ -92,6 +116,13 @@ class LLMEngine:
                              f"max_model_len={self.max_model_len}")
         return text, list(prompt)
 
+    def _blocks_needed_at_most(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        tokens = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
+        window = self.model_config.sliding_window
+        if window is not None:  # only the window and the step's new tokens are ever held
+            return min(cdiv(tokens, self.block_size), cdiv(window + self.max_num_batched_tokens, self.block_size) + 1)
+        return cdiv(tokens, self.block_size)
+
     def add_request(self, request_id: str, prompt, sampling_params: SamplingParams | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -99,13 +130,17 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         text, token_ids = self.encode_prompt(prompt)
+        need = self._blocks_needed_at_most(len(token_ids), params)
+        if need > self.block_manager.num_total_blocks:
+            raise ValueError(f"request needs up to {need} KV blocks but the pool has "
+                             f"{self.block_manager.num_total_blocks}: it could never run")
         seq = Sequence(request_id, token_ids, params, text, self.device)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> None:
         seq = self.requests.pop(request_id, None)
-        if seq is not None and not seq.is_finished:
+        if seq is not None:
             self.scheduler.finish(seq, "abort")
 
     def has_unfinished_requests(self) -> bool:
@@ -113,15 +148,22 @@ class LLMEngine:
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        seqs = self.scheduler.schedule()
-        if not seqs:
+        scheduled = self.scheduler.schedule()
+        if not scheduled.seqs:
             return []
-        logits = self.runner.run(seqs, [s.num_uncomputed_tokens for s in seqs])
-        next_tokens = self.sampler(logits, seqs).tolist()  # the step's one device -> host copy
+        logits = self.runner.run(scheduled.seqs, scheduled.num_new_tokens)
+        for seq, n in zip(scheduled.seqs, scheduled.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
+        # A sequence in the middle of its prompt (a prefill chunk) samples nothing yet.
+        ready = [i for i, seq in enumerate(scheduled.seqs) if seq.num_computed_tokens == len(seq)]
+        if not ready:
+            return []
+        seqs = [scheduled.seqs[i] for i in ready]
+        next_tokens = self.sampler(logits[ready], seqs).tolist()  # the step's one device -> host copy
         now = time.perf_counter()
         outputs = []
         for seq, token in zip(seqs, next_tokens):
-            seq.num_computed_tokens = len(seq)
             seq.token_ids.append(token)
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
@@ -148,10 +190,10 @@ class LLMEngine:
 
     def get_stats(self) -> dict:
         return {
-            "num_total_blocks": self.cache.num_total_blocks,
-            "num_free_blocks": self.cache.num_free_blocks,
+            "num_total_blocks": self.block_manager.num_total_blocks,
+            "num_free_blocks": self.block_manager.num_free_blocks,   # cached-but-unused blocks count as free
             "num_running": len(self.scheduler.running),
             "num_waiting": len(self.scheduler.waiting),
-            "num_preemptions": 0,               # static batching never preempts
-            "num_prefix_cache_hit_tokens": 0,   # and has no prefix cache
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_prefix_cache_hit_tokens": self.scheduler.num_prefix_cache_hit_tokens,
         }

@@ -29,7 +29,9 @@ class ModelRunner:
             cu_seqlens.append(cu_seqlens[-1] + n)
             context_lens.append(end)
         width = max(len(s.block_table) for s in seqs)
-        block_tables = [s.block_table + [0] * (width - len(s.block_table)) for s in seqs]
+        # Holes (blocks released outside a sliding window) and padding point at block 0:
+        # attention masks those positions, so what block 0 holds is never used.
+        block_tables = [[max(b, 0) for b in s.block_table] + [0] * (width - len(s.block_table)) for s in seqs]
 
         def to_device(x, dtype):
             return torch.tensor(x, dtype=dtype, device=self.device)
