@@ -9,13 +9,18 @@ from minivllm.models.loader import resolve_model
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def test_greedy_matches_transformers_on_the_gpu(tiny_llama, tiny_mistral):
+@pytest.mark.parametrize("options", [
+    dict(),                                                           # paged, continuous, chunked, prefix cache
+    dict(block_size=4, num_kv_blocks=36, max_num_batched_tokens=7),   # preemption and chunking
+    dict(enable_paged_kv=False, enable_continuous_batching=False, enable_chunked_prefill=False),
+])
+def test_greedy_matches_transformers_on_the_gpu(tiny_llama, tiny_mistral, options):
     from transformers import AutoModelForCausalLM
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (4, 19, 33)]
     for folder, _ in (tiny_llama, tiny_mistral):
         hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda()
-        llm = LLM(folder, dtype="float32", max_model_len=96, num_kv_blocks=24)
+        llm = LLM(folder, dtype="float32", max_model_len=96, **({"num_kv_blocks": 24} | options))
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
         for p, o in zip(prompts, outs):
             ids = torch.tensor([p], device="cuda")

@@ -126,3 +126,23 @@ def test_dummy_weights_have_the_checkpoint_shape(tiny_llama):
     n_ours = sum(p.numel() for p in ours.values())
     assert n_ours == sum(p.numel() for p in tiny_llama[1].parameters())
     assert not torch.equal(ours["model.embed_tokens.weight"], tiny_llama[1].model.embed_tokens.weight)
+
+
+def test_hub_id_downloads_with_huggingface_hub(tiny_llama, monkeypatch):
+    import huggingface_hub
+    calls = []
+
+    def fake_download(repo_id, allow_patterns):
+        calls.append(repo_id)
+        return tiny_llama[0]
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    source = resolve_model("someone/tiny-llama")
+    assert calls == ["someone/tiny-llama"] and str(source.folder) == tiny_llama[0]
+
+    def offline(repo_id, allow_patterns):
+        raise OSError("no network")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(FileNotFoundError, match="could not download 'someone/tiny-llama'"):
+        resolve_model("someone/tiny-llama")
