@@ -20,6 +20,7 @@ Example::
 """
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -179,7 +180,12 @@ def hardware_name() -> str:
     """The GPU's name, or the CPU's: every number we save must say what it was measured on."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
-    return platform.processor() or "CPU"
+    try:  # Linux: platform.processor() is often empty, /proc/cpuinfo names the model
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        return f"CPU ({model}, {os.cpu_count()} cores)"
+    except (OSError, StopIteration):
+        return platform.processor() or "CPU"
 
 
 def _json_default(obj):
