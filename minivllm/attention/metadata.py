@@ -34,6 +34,10 @@ class AttentionMetadata:
     block_size: int
     max_query_len: int
     max_context_len: int
+    # The scheduler puts decodes first: the first `num_decodes` sequences bring one token each.
+    # Attention treats them apart, so a decode is never padded to the length of a prefill chunk.
+    num_decodes: int = 0
+    max_decode_context_len: int = 0
     # Index tensors and masks derived from the fields above, the same for every layer: the
     # reference attention computes them at the first layer and reuses them at the others.
     derived: dict = field(default_factory=dict, repr=False, compare=False)
@@ -41,10 +45,6 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
-
-    @property
-    def is_decode_only(self) -> bool:
-        return self.max_query_len == 1
 
 
 @dataclass

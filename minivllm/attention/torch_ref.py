@@ -10,8 +10,9 @@ windows, because all of them are the same computation on a padded view of the fl
    and j > p - sliding_window (the window keeps the last `sliding_window` tokens);
 4. softmax attention, then drop the padding again.
 
-The index tensors and the mask of steps 1-3 are the same for every layer, so they are
-built once per step and kept in `meta.derived`. The Triton backend (kernels/) computes
+Decodes (one query each) and prefill chunks are attended as two groups, so a decode is
+never padded to a chunk's length. The index tensors and the masks are the same for every
+layer, so they are built once per step and kept in `meta.derived`. The Triton backend (kernels/) computes
 the same thing without materialising the gather.
 """
 from __future__ import annotations
@@ -78,26 +79,41 @@ def masked_attention(q, k, v, mask, scale):
     return out.transpose(1, 2)
 
 
-def _paged_plan(meta: AttentionMetadata, num_tokens: int, sliding_window):
+def _group_plan(meta: AttentionMetadata, seqs: slice, first_token: int, num_tokens: int,
+                max_query_len: int, max_context_len: int, sliding_window):
+    """Index tensors and mask for one group of sequences (the decodes, or the prefill chunks)."""
+    cu_seqlens = meta.cu_seqlens_q[seqs.start:seqs.stop + 1] - first_token
+    context_lens = meta.context_lens[seqs]
+    q_index, q_valid, unpad, q_lens = _pad_index(cu_seqlens, max_query_len, num_tokens)
+    j = torch.arange(max_context_len, device=q_index.device)
+    blocks = meta.block_tables[seqs].long()[:, j // meta.block_size]
+    slots = blocks * meta.block_size + j % meta.block_size          # [B, Lk]
+    mask = attention_mask(q_lens, context_lens, max_query_len, max_context_len, sliding_window, q_valid)
+    return q_index + first_token, unpad, slots, mask
+
+
+def _paged_plans(meta: AttentionMetadata, num_tokens: int, sliding_window):
     key = ("paged", sliding_window)
     if key not in meta.derived:
-        q_index, q_valid, unpad, q_lens = _pad_index(meta.cu_seqlens_q, meta.max_query_len, num_tokens)
-        j = torch.arange(meta.max_context_len, device=q_index.device)
-        blocks = meta.block_tables.long()[:, j // meta.block_size]
-        slots = blocks * meta.block_size + j % meta.block_size          # [B, Lk]
-        mask = attention_mask(q_lens, meta.context_lens, meta.max_query_len, meta.max_context_len,
-                              sliding_window, q_valid)
-        meta.derived[key] = (q_index, unpad, slots, mask)
+        d, plans = meta.num_decodes, []
+        if d > 0:  # decodes: one query each, padded only to the longest decode context
+            plans.append(_group_plan(meta, slice(0, d), 0, d, 1, meta.max_decode_context_len, sliding_window))
+        if d < meta.num_seqs:
+            plans.append(_group_plan(meta, slice(d, meta.num_seqs), d, num_tokens - d, meta.max_query_len,
+                                     meta.max_context_len, sliding_window))
+        meta.derived[key] = plans
     return meta.derived[key]
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, sliding_window: int | None = None) -> torch.Tensor:
     """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D], keys/values read from the cache."""
-    q_index, unpad, slots, mask = _paged_plan(meta, q.shape[0], sliding_window)
-    k = k_cache.view(-1, *k_cache.shape[2:])[slots]
-    v = v_cache.view(-1, *v_cache.shape[2:])[slots]
-    return masked_attention(q[q_index], k, v, mask, scale).flatten(0, 1)[unpad]
+    outs = []
+    for q_index, unpad, slots, mask in _paged_plans(meta, q.shape[0], sliding_window):
+        k = k_cache.view(-1, *k_cache.shape[2:])[slots]
+        v = v_cache.view(-1, *v_cache.shape[2:])[slots]
+        outs.append(masked_attention(q[q_index], k, v, mask, scale).flatten(0, 1)[unpad])
+    return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
 def attention_without_cache(q, k, v, meta: NoCacheMetadata, scale: float,

@@ -36,10 +36,12 @@ class ModelRunner:
         def to_device(x, dtype):
             return torch.tensor(x, dtype=dtype, device=self.device)
 
+        num_decodes = next((i for i, n in enumerate(num_new_tokens) if n != 1), len(num_new_tokens))
         meta = AttentionMetadata(
             cu_seqlens_q=to_device(cu_seqlens, torch.int32), context_lens=to_device(context_lens, torch.int32),
             slot_mapping=to_device(slots, torch.int64), block_tables=to_device(block_tables, torch.int32),
-            block_size=self.block_size, max_query_len=max(num_new_tokens), max_context_len=max(context_lens))
+            block_size=self.block_size, max_query_len=max(num_new_tokens), max_context_len=max(context_lens),
+            num_decodes=num_decodes, max_decode_context_len=max(context_lens[:num_decodes], default=0))
         last_token_index = to_device(cu_seqlens[1:], torch.int64) - 1
         return to_device(input_ids, torch.int64), to_device(positions, torch.int64), meta, last_token_index
 
