@@ -107,7 +107,9 @@ def main(argv=None):
     engine_args = dict(dtype=args.dtype, max_model_len=max_len, gpu_memory_utilization=0.6,
                        load_format="dummy" if source.folder is None else "auto")
     if "minivllm-static" in engines:
-        llm = LLM(args.model, **engine_args, **STATIC)
+        # One static batch of every request, as transformers' padded batch: the step budget
+        # must hold all the prompts at once.
+        llm = LLM(args.model, **engine_args, **STATIC, max_num_batched_tokens=work.num_prompt_tokens)
         rows.append(runners.run_minivllm(llm, work, engine="minivllm contiguous + static"))
         del llm
         free_memory()
