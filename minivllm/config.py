@@ -133,7 +133,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     # Switches for ablations (every optimization on, one off): False gives each sequence one
-    # block of max_model_len tokens (a contiguous cache), and static batching.
+    # block of max_model_len tokens (a contiguous cache; num_kv_blocks still counts blocks of
+    # block_size tokens, rounded down to whole rows), and static batching.
     enable_paged_kv: bool = True
     enable_continuous_batching: bool = True
     attention_backend: str = "auto"

@@ -16,6 +16,8 @@ is preempted: its blocks are freed and it goes back to the front of the queue, t
 recomputed later (prompt + what it generated so far), which yields exactly the same tokens.
 
 With `continuous=False` this is static batching: nobody joins until the whole batch is done.
+The batch is whoever fits the step's token budget and the KV pool when it starts, so a static
+batch of N prompts needs `max_num_batched_tokens` >= their total length (the benchmark sets it).
 """
 from __future__ import annotations
 
