@@ -41,12 +41,18 @@ def _same_length(w: Workload) -> int:
     return w.max_tokens[0]
 
 
-def run_recompute(model, w: Workload) -> dict:
+def _run_baseline(engine: str, w: Workload, generate) -> dict:
+    """Time `generate(prompts, max_tokens) -> new token ids` on the whole workload, after a warm-up."""
     n = _same_length(w)
-    _warm_up(lambda p, k: baselines.recompute_generate(model, p, k))
+    _warm_up(generate)
     with Timer() as t:
-        outs = baselines.recompute_generate(model, w.prompts, n)
-    return _row("minivllm recompute (no cache)", w, sum(map(len, outs)), t.elapsed_s)
+        outs = generate(w.prompts, n)
+    return _row(engine, w, sum(map(len, outs)), t.elapsed_s)
+
+
+def run_recompute(model, w: Workload) -> dict:
+    return _run_baseline("minivllm recompute (no cache)", w,
+                         lambda p, n: baselines.recompute_generate(model, p, n))
 
 
 def run_hf_sequential(hf_model, w: Workload) -> dict:
@@ -61,16 +67,10 @@ def run_hf_sequential(hf_model, w: Workload) -> dict:
 
 
 def run_hf_static(hf_model, w: Workload, batch_size: int | None = None) -> dict:
-    n = _same_length(w)
-    _warm_up(lambda p, k: baselines.hf_generate_static_batch(hf_model, p, k, 1))
-    with Timer() as t:
-        outs = baselines.hf_generate_static_batch(hf_model, w.prompts, n, batch_size or len(w.prompts))
-    return _row("transformers static batch", w, sum(map(len, outs)), t.elapsed_s)
+    return _run_baseline("transformers static batch", w, lambda p, n: baselines.hf_generate_static_batch(
+        hf_model, p, n, batch_size or len(p)))
 
 
 def run_hf_continuous(hf_model, w: Workload) -> dict:
-    n = _same_length(w)
-    _warm_up(lambda p, k: baselines.hf_generate_continuous(hf_model, p, k))
-    with Timer() as t:
-        outs = baselines.hf_generate_continuous(hf_model, w.prompts, n)
-    return _row("transformers continuous batching", w, sum(map(len, outs)), t.elapsed_s)
+    return _run_baseline("transformers continuous batching", w,
+                         lambda p, n: baselines.hf_generate_continuous(hf_model, p, n))
