@@ -114,8 +114,7 @@ class BlockManager:
         on the sequence (its tokens never change, so neither do they)."""
         hashes = seq.block_hashes
         while len(hashes) < num_full_blocks:
-            i = len(hashes)
-            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            tokens = self._block_tokens(seq, len(hashes))
             hashes.append(hash((hashes[-1] if hashes else None, tokens)))
         return hashes[:num_full_blocks]
 
