@@ -85,12 +85,29 @@ def hf_generate_static_batch(hf_model, prompts, max_tokens: int, batch_size: int
     return outs
 
 
-@torch.inference_mode()
-def hf_generate_continuous(hf_model, prompts, max_tokens: int) -> list[list[int]]:
-    """transformers' own continuous batching (paged KV cache, requests join as others finish)."""
+def hf_generate_continuous(hf_model, prompts, max_tokens: int | list[int]) -> list[list[int]]:
+    """transformers' own continuous batching (paged KV cache, requests join as others finish).
+
+    `max_tokens` may differ per request (W2), so requests go through the batching manager one by
+    one, as `generate_batch` does inside. Not under inference_mode: the manager's loop runs on
+    another thread and resets tensors made here, which inference tensors refuse on the GPU."""
     from transformers import GenerationConfig
-    # eos_token_id=None switches end-of-sequence off: every request produces max_tokens tokens.
-    config = GenerationConfig(max_new_tokens=max_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
-    outs = hf_model.generate_batch(inputs=[list(p) for p in prompts], generation_config=config)
-    # Request ids are "req_<index in prompts>".
-    return [outs[f"req_{i}"].generated_tokens for i in range(len(prompts))]
+    lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    # eos_token_id=None switches end-of-sequence off: every request produces its max_tokens tokens.
+    config = GenerationConfig(max_new_tokens=max(lengths), do_sample=False, eos_token_id=None, pad_token_id=0)
+    done = {}
+    with torch.no_grad(), hf_model.continuous_batching_context_manager(generation_config=config, block=True,
+                                                                       timeout=5) as manager:
+        for i, (prompt, n) in enumerate(zip(prompts, lengths)):
+            manager.add_request(list(prompt), request_id=f"req_{i}", max_new_tokens=n)
+        while len(done) < len(prompts):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                done[result.request_id] = result.generated_tokens
+            elif result is None and not manager.is_running():
+                break
+    outs = [list(done.get(f"req_{i}", [])) for i in range(len(prompts))]
+    if [len(o) for o in outs] != lengths:
+        raise RuntimeError("transformers' continuous batching did not produce every requested token "
+                           f"({sum(map(len, outs))} of {sum(lengths)}); its log says why")
+    return outs

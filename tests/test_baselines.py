@@ -19,6 +19,8 @@ def test_all_baselines_agree_with_the_engine(tiny_llama):
     assert hf_generate_sequential(hf, prompts, 8) == engine
     assert hf_generate_static_batch(hf, prompts, 8, batch_size=2) == engine
     assert hf_generate_continuous(hf, prompts, 8) == engine
+    # Per-request lengths (W2): each request stops at its own max_tokens.
+    assert hf_generate_continuous(hf, prompts, [8, 2, 5]) == [engine[0], engine[1][:2], engine[2][:5]]
 
 
 def test_hf_model_for_a_shape_only_preset():

@@ -18,6 +18,7 @@ import argparse
 import os
 import dataclasses
 import gc
+import traceback
 
 import torch
 
@@ -54,6 +55,16 @@ def free_memory():
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def measure(rows: list[dict], engine: str, run) -> None:
+    """Append run()'s row; if that engine fails, say so in its row and go on with the others
+    (one baseline's failure should not throw away a whole GPU run)."""
+    try:
+        rows.append(run())
+    except Exception as error:  # noqa: BLE001 - reported in the table and the JSON, not hidden
+        traceback.print_exc()
+        rows.append({"engine": engine, "error": f"{type(error).__name__}: {error}"})
 
 
 def main(argv=None):
@@ -96,11 +107,11 @@ def main(argv=None):
             n = min(args.sequential_requests, len(work.prompts))
             first = dataclasses.replace(work, name=f"{work.name} (first {n})", prompts=work.prompts[:n],
                                         max_tokens=work.max_tokens[:n])
-            rows.append(runners.run_hf_sequential(hf, first))
+            measure(rows, "hf-sequential", lambda: runners.run_hf_sequential(hf, first))
         if "hf-static" in engines:
-            rows.append(runners.run_hf_static(hf, work))
+            measure(rows, "hf-static", lambda: runners.run_hf_static(hf, work))
         if "hf-continuous" in engines:
-            rows.append(runners.run_hf_continuous(hf, work))
+            measure(rows, "hf-continuous", lambda: runners.run_hf_continuous(hf, work))
         del hf
         free_memory()
 
@@ -110,16 +121,16 @@ def main(argv=None):
         # One static batch of every request, as transformers' padded batch: the step budget
         # must hold all the prompts at once.
         llm = LLM(args.model, **engine_args, **STATIC, max_num_batched_tokens=work.num_prompt_tokens)
-        rows.append(runners.run_minivllm(llm, work, engine="minivllm contiguous + static"))
+        measure(rows, "minivllm-static", lambda: runners.run_minivllm(llm, work, engine="minivllm contiguous + static"))
         del llm
         free_memory()
     decode = {}
     if {"recompute", "minivllm"} & set(engines) or not args.no_decode:
         llm = LLM(args.model, **engine_args)
         if "minivllm" in engines:
-            rows.append(runners.run_minivllm(llm, work))
+            measure(rows, "minivllm", lambda: runners.run_minivllm(llm, work))
         if "recompute" in engines:
-            rows.append(runners.run_recompute(llm.llm_engine.model, work))
+            measure(rows, "recompute", lambda: runners.run_recompute(llm.llm_engine.model, work))
         if not args.no_decode:
             context = 16 if args.smoke else 128
             step_ms = median(decode_step_times_ms(llm, batch=1, context=context, steps=8 if args.smoke else 100))
@@ -133,11 +144,14 @@ def main(argv=None):
         free_memory()
 
     for row in rows:
-        if "workload_roofline_tok_s" in ceilings:
+        if "workload_roofline_tok_s" in ceilings and "output_tok_s" in row:
             row["roofline_fraction"] = row["output_tok_s"] / ceilings["workload_roofline_tok_s"]
     print(format_table(rows, ["engine", "workload", "num_requests", "output_tokens", "wall_s", "output_tok_s",
                               "roofline_fraction", "ttft_p50_s", "tpot_p50_s", "e2e_p50_s",
                               "num_preemptions"]))
+    for row in rows:
+        if "error" in row:
+            print(f"{row['engine']} FAILED: {row['error']}")
     if decode:
         b1 = decode["batch1"]
         limit = f" (roofline {ceilings['batch1_roofline_tok_s']:.0f} tok/s)" if ceilings else ""

@@ -41,9 +41,9 @@ def _same_length(w: Workload) -> int:
     return w.max_tokens[0]
 
 
-def _run_baseline(engine: str, w: Workload, generate) -> dict:
+def _run_baseline(engine: str, w: Workload, generate, per_request_lengths: bool = False) -> dict:
     """Time `generate(prompts, max_tokens) -> new token ids` on the whole workload, after a warm-up."""
-    n = _same_length(w)
+    n = list(w.max_tokens) if per_request_lengths else _same_length(w)
     _warm_up(generate)
     with Timer() as t:
         outs = generate(w.prompts, n)
@@ -73,4 +73,4 @@ def run_hf_static(hf_model, w: Workload, batch_size: int | None = None) -> dict:
 
 def run_hf_continuous(hf_model, w: Workload) -> dict:
     return _run_baseline("transformers continuous batching", w,
-                         lambda p, n: baselines.hf_generate_continuous(hf_model, p, n))
+                         lambda p, n: baselines.hf_generate_continuous(hf_model, p, n), per_request_lengths=True)

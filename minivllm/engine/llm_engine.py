@@ -83,6 +83,8 @@ class LLMEngine:
             tokens = config.num_kv_blocks * config.block_size
         else:
             if self.device.type == "cuda":
+                # The peak must be this engine's own, not that of whatever ran before in the process.
+                torch.cuda.reset_peak_memory_stats(self.device)
                 self.runner.profile_run(self.max_num_batched_tokens, self.max_model_len)
             budget = kv_cache_budget_bytes(self.device, config.gpu_memory_utilization)
             tokens = budget // kv_bytes_per_token(self.model_config, self.dtype)
