@@ -1,12 +1,22 @@
 #!/usr/bin/env bash
 # Execute notebooks on the GPU machine so the committed copies carry real outputs.
 # Usage (repo root, .whl carried): bash scripts/gpu_notebooks.sh notebooks/00_*.ipynb notebooks/01_*.ipynb
-# Everything comes back as one tarball in $OUT (the device returns at most 8 files).
+# Notebooks run one at a time; none is started after $NB_START_BEFORE_S seconds (default: no limit),
+# so a call that must end in 10 minutes still brings back what finished. Everything comes back as
+# one tarball in $OUT (the device returns at most 8 files), rewritten after each notebook.
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH \
   && python3 -m ipykernel install --user --name python3 >/dev/null || exit 1
 export MINIVLLM_SMOKE=0 PYTHONUNBUFFERED=1
-python3 -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=1200 --overwrite --durations=0 "$@" 2>&1 | tee "$OUT/notebooks.log"
-tar czf "$OUT/executed.tgz" "$@" figures
+done_nbs=()
+for nb in "$@"; do
+  if [ -n "$NB_START_BEFORE_S" ] && [ "$SECONDS" -ge "$NB_START_BEFORE_S" ]; then
+    echo "skipped $nb: started too late ($SECONDS s)" | tee -a "$OUT/notebooks.log"; continue
+  fi
+  python3 -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=1200 --overwrite --durations=0 "$nb" 2>&1 \
+    | tee -a "$OUT/notebooks.log" && done_nbs+=("$nb")
+  echo "$nb finished at $SECONDS s" | tee -a "$OUT/notebooks.log"
+  tar czf "$OUT/executed.tgz" "${done_nbs[@]}" figures
+done
