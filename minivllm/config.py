@@ -15,6 +15,7 @@ a `rope_parameters` dict: both are understood.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,6 +149,12 @@ class EngineConfig:
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.attention_backend == "auto":  # the fused kernels where they run natively
+            self.attention_backend = "triton" if torch.device(self.device).type == "cuda" else "torch"
+        if (self.attention_backend == "triton" and torch.device(self.device).type != "cuda"
+                and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise ValueError("attention_backend='triton' on a CPU needs Triton's interpreter: set "
+                             "TRITON_INTERPRET=1 before triton is first imported")
         if self.block_size < 1 or self.max_num_seqs < 1:
             raise ValueError("block_size and max_num_seqs must be >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:

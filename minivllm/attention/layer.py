@@ -2,6 +2,7 @@
 
 Each decoder layer owns one `Attention`. The engine binds that layer's slice of the KV
 cache to it once (`bind_cache`); the per-step metadata arrives with every forward call.
+`backend` picks the readable torch reference or the fused Triton kernels (same results).
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from .metadata import AttentionMetadata, NoCacheMetadata
 
 
 class Attention(nn.Module):
+    backend = "torch"
+
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None = None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -28,5 +31,9 @@ class Attention(nn.Module):
         """q: [T, Hq, D], k/v: [T, Hkv, D] for this step's tokens -> [T, Hq, D]."""
         if isinstance(meta, NoCacheMetadata):
             return torch_ref.attention_without_cache(q, k, v, meta, self.scale, self.sliding_window)
+        if self.backend == "triton":
+            from . import triton_backend  # imported on first use: triton loads only when asked for
+            return triton_backend.paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale,
+                                                  self.sliding_window)
         torch_ref.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         return torch_ref.paged_attention(q, self.k_cache, self.v_cache, meta, self.scale, self.sliding_window)

@@ -14,7 +14,9 @@ back their KV blocks.
 Every optimization is a switch here, so that an ablation is one argument:
 `enable_paged_kv=False` gives each sequence one block of `max_model_len` tokens (the
 contiguous cache of Hugging Face `generate`), `enable_continuous_batching=False` is static
-batching, and `enable_chunked_prefill` / `enable_prefix_caching` do what they say.
+batching, `enable_chunked_prefill` / `enable_prefix_caching` do what they say,
+`attention_backend="torch"` swaps the fused Triton kernels for the readable reference, and
+`enforce_eager=True` turns off the CUDA graphs of decode steps.
 
 Bad input (an empty prompt, ids outside the vocabulary, a prompt that does not fit
 `max_model_len`, a request that could never fit in the KV pool, a duplicate request id)
@@ -51,6 +53,7 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
         folder = None if config.load_format == "dummy" else source.folder
         self.model = build_model(cfg, self.device, self.dtype, self.max_model_len, folder, config.seed)
+        self.model.use_backend(config.attention_backend)
         self.tokenizer = load_tokenizer(source.folder)
         self.eos_token_ids = set(generation_eos_ids(cfg, source.folder))
 
@@ -69,6 +72,8 @@ class LLMEngine:
         kv = allocate_kv_cache(cfg, num_blocks, self.block_size, self.dtype, self.device)
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
             layer.bind_cache(k_cache, v_cache)
+        if self.device.type == "cuda" and config.attention_backend == "triton" and not config.enforce_eager:
+            self.runner.capture_cuda_graphs(config.max_num_seqs, self.max_model_len)
         self.block_manager = BlockManager(num_blocks, self.block_size, prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill, cfg.sliding_window,

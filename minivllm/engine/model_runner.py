@@ -3,13 +3,16 @@
 For every sequence it takes the tokens not yet in the cache (a whole prompt, a chunk of
 one, or the single newest token), their positions, and the cache slot of each, then
 calls the model once for all of them and returns the logits of each sequence's last
-token: the only ones the sampler needs.
+token: the only ones the sampler needs. Decode-only steps replay a CUDA graph when one was
+captured (`capture_cuda_graphs`).
 """
 from __future__ import annotations
 
 import torch
 
 from ..attention import AttentionMetadata, NoCacheMetadata
+from ..cache.block_manager import cdiv
+from .cuda_graphs import DecodeGraphs
 
 
 class ModelRunner:
@@ -17,6 +20,12 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
+        self.graphs: DecodeGraphs | None = None
+
+    def capture_cuda_graphs(self, max_batch: int, max_model_len: int) -> None:
+        """Record decode steps as CUDA graphs (needs the Triton backend's kernels, a GPU)."""
+        self.graphs = DecodeGraphs(self.model, max_batch, cdiv(max_model_len, self.block_size), self.block_size,
+                                   self.device)
 
     def prepare(self, seqs, num_new_tokens: list[int]):
         input_ids, positions, slots, cu_seqlens, context_lens = [], [], [], [0], []
@@ -30,25 +39,33 @@ class ModelRunner:
             context_lens.append(end)
         width = max(len(s.block_table) for s in seqs)
         # Holes (blocks released outside a sliding window) and padding point at block 0:
-        # attention masks those positions, so what block 0 holds is never used.
-        block_tables = [[max(b, 0) for b in s.block_table] + [0] * (width - len(s.block_table)) for s in seqs]
-
-        def to_device(x, dtype):
-            return torch.tensor(x, dtype=dtype, device=self.device)
+        # attention never reads those positions, so what block 0 holds is never used.
+        block_tables = [b if b >= 0 else 0 for s in seqs for b in s.block_table + [0] * (width - len(s.block_table))]
 
         num_decodes = next((i for i, n in enumerate(num_new_tokens) if n != 1), len(num_new_tokens))
+        max_context_len = max(context_lens)
+        max_decode_context_len = max(context_lens[:num_decodes], default=0)
+
+        # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy
+        # is asynchronous), then is cut into views: one transfer per step instead of six.
+        fields = [input_ids, positions, slots, cu_seqlens, context_lens, cu_seqlens[1:], block_tables]
+        host = torch.tensor([x for f in fields for x in f], dtype=torch.int64,
+                            pin_memory=self.device.type == "cuda")
+        flat = host.to(self.device, non_blocking=True)
+        input_ids, positions, slots, cu_seqlens, context_lens, last, block_tables = flat.split(list(map(len, fields)))
         meta = AttentionMetadata(
-            cu_seqlens_q=to_device(cu_seqlens, torch.int32), context_lens=to_device(context_lens, torch.int32),
-            slot_mapping=to_device(slots, torch.int64), block_tables=to_device(block_tables, torch.int32),
-            block_size=self.block_size, max_query_len=max(num_new_tokens), max_context_len=max(context_lens),
-            num_decodes=num_decodes, max_decode_context_len=max(context_lens[:num_decodes], default=0))
-        last_token_index = to_device(cu_seqlens[1:], torch.int64) - 1
-        return to_device(input_ids, torch.int64), to_device(positions, torch.int64), meta, last_token_index
+            cu_seqlens_q=cu_seqlens.int(), context_lens=context_lens.int(), slot_mapping=slots,
+            block_tables=block_tables.view(len(seqs), width).int(), block_size=self.block_size,
+            max_query_len=max(num_new_tokens), max_context_len=max_context_len,
+            num_decodes=num_decodes, max_decode_context_len=max_decode_context_len)
+        return input_ids, positions, meta, last - 1
 
     @torch.inference_mode()
     def run(self, seqs, num_new_tokens: list[int]) -> torch.Tensor:
         """Logits [len(seqs), vocab] (float32) at the last new token of each sequence."""
         input_ids, positions, meta, last = self.prepare(seqs, num_new_tokens)
+        if self.graphs is not None and meta.num_decodes == meta.num_seqs and meta.num_seqs <= self.graphs.max_batch:
+            return self.graphs.run(input_ids, positions, meta)
         hidden = self.model(input_ids, positions, meta)
         return self.model.compute_logits(hidden[last])
 

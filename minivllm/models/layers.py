@@ -1,7 +1,8 @@
 """The small building blocks of a Llama/Mistral decoder: RMSNorm, rotary embeddings, SwiGLU.
 
-Each is a few lines of torch. They are the places later notebooks replace with fused
-Triton kernels, so each keeps the exact interface its kernel will have.
+Each is a few lines of torch, the readable reference. With `backend = "triton"` (set on the
+whole model by `LlamaForCausalLM.use_backend`) each calls its fused Triton kernel from
+`minivllm.kernels` instead, with the same interface; the tests hold the two equal.
 """
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ class RMSNorm(nn.Module):
     """x / rms(x) * weight, computed in float32. With `residual`, first adds it (vLLM's fused
     "add + norm") and returns (normed, new_residual): one read of x instead of two."""
 
+    backend = "torch"
+
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.backend == "triton":
+            from ..kernels import rms_norm  # imported on first use: triton loads only when asked for
+            return rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
             residual = x
@@ -62,8 +68,10 @@ class RotaryEmbedding(nn.Module):
 
     cos/sin are precomputed for every position up to `max_positions`, so a step only
     indexes them by the batch's `positions`: decode and prefill tokens alike.
-    Uses the "rotate half" layout of Hugging Face Llama checkpoints.
+    Uses the "rotate half" layout of Hugging Face Llama checkpoints. The Triton backend
+    rotates q and k in place instead of writing new tensors.
     """
+    backend = "torch"
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None):
         super().__init__()
@@ -73,6 +81,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions [T]; q [T, Hq, D]; k [T, Hkv, D] -> rotated q, k."""
+        if self.backend == "triton":
+            from ..kernels import apply_rotary_
+            apply_rotary_(positions, q, k, self.cos, self.sin)
+            return q, k
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 

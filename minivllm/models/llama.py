@@ -53,6 +53,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+    backend = "torch"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
@@ -60,6 +62,9 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
+        if self.backend == "triton":
+            from ..kernels import silu_and_mul as fused_silu_and_mul
+            return self.down_proj(fused_silu_and_mul(self.gate_up_proj(x)))
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
@@ -114,6 +119,13 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    def use_backend(self, backend: str) -> None:
+        """"torch" (the readable reference) or "triton" (fused kernels) for every norm, rotary,
+        activation and attention layer of the model."""
+        for module in self.modules():
+            if hasattr(module, "backend"):
+                module.backend = backend
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -1,0 +1,34 @@
+"""Attention with the fused Triton kernels: the same computation as `torch_ref.paged_attention`
+without gathering every sequence's keys and values into a padded copy first.
+
+A step's flat batch puts its decodes first (one query each), then the prefill chunks. The
+decodes go to the split-K decode kernel, which reads each KV block once per GQA group; the
+chunks go to the flash-attention-style prefill kernel. Both read the cache through the block
+tables, and both skip blocks outside a sliding window.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..kernels import paged_decode_attention, paged_prefill_attention, store_kv
+from .metadata import AttentionMetadata
+
+
+def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+                    sliding_window: int | None = None) -> torch.Tensor:
+    """q: [T, Hq, D], k/v: [T, Hkv, D] of this step's tokens -> [T, Hq, D]."""
+    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    d = meta.num_decodes
+    if d == meta.num_seqs:  # a decode-only step, the common case (and the one CUDA graphs capture)
+        return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
+                                      sliding_window)
+    if "prefill_cu_seqlens" not in meta.derived:  # the same for every layer: computed once per step
+        meta.derived["prefill_cu_seqlens"] = meta.cu_seqlens_q[d:] - d
+    prefill = paged_prefill_attention(q[d:], k_cache, v_cache, meta.derived["prefill_cu_seqlens"],
+                                      meta.context_lens[d:], meta.block_tables[d:], meta.max_query_len,
+                                      scale, sliding_window)
+    if d == 0:
+        return prefill
+    decode = paged_decode_attention(q[:d], k_cache, v_cache, meta.block_tables[:d], meta.context_lens[:d],
+                                    scale, sliding_window)
+    return torch.cat([decode, prefill])

@@ -1,0 +1,11 @@
+"""Fused Triton kernels that replace the torch reference code on the hot path.
+
+Each file is one kernel with its Python wrapper; the torch version it must match lives in
+`minivllm.models.layers` (norm, activation, rotary) or `minivllm.attention.torch_ref` (cache
+writes, attention). Without a GPU they run in Triton's interpreter (TRITON_INTERPRET=1), slowly.
+"""
+from .rmsnorm import rms_norm
+from .silu_and_mul import silu_and_mul
+from .rotary import apply_rotary_
+from .store_kv import store_kv
+
