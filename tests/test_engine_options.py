@@ -1,7 +1,8 @@
 """Every engine option, alone and combined, gives transformers' greedy tokens (float32, CPU):
 block sizes 1 and 16, pools so small that sequences are preempted, step budgets so small that
 prefills are chunked, shared prefixes in the prefix cache, sliding windows shorter than the
-prompt, generation far past the window, contiguous cache and static batching."""
+prompt, generation far past the window, contiguous cache and static batching, and the
+Triton kernels in place of the torch reference attention."""
 import itertools
 
 import pytest
@@ -35,6 +36,10 @@ OPTIONS = {
                                               enable_chunked_prefill=False, enable_prefix_caching=False,
                                               num_kv_blocks=4 * 80 // 16),
     "all squeezed": dict(block_size=1, num_kv_blocks=80, max_num_batched_tokens=5, max_num_seqs=3),
+    # The fused Triton kernels (in Triton's interpreter on a CPU) instead of the torch reference.
+    "triton kernels": dict(attention_backend="triton"),
+    "triton kernels, squeezed": dict(attention_backend="triton", block_size=4, num_kv_blocks=20,
+                                     max_num_batched_tokens=7, max_num_seqs=3),
 }
 
 
@@ -47,7 +52,7 @@ def test_greedy_equals_transformers(references, model, option):
     assert [o.outputs[0].token_ids for o in outs] == refs
     stats = llm.llm_engine.get_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
-    if option == "tiny pool (preemption)":
+    if option in ("tiny pool (preemption)", "triton kernels, squeezed"):
         assert stats["num_preemptions"] > 0
 
 

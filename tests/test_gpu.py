@@ -10,9 +10,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 @pytest.mark.parametrize("options", [
-    dict(),                                                           # paged, continuous, chunked, prefix cache
+    dict(),                                             # Triton kernels, CUDA graphs, paged, continuous, prefix cache
     dict(block_size=4, num_kv_blocks=36, max_num_batched_tokens=7),   # preemption and chunking
     dict(enable_paged_kv=False, enable_continuous_batching=False, enable_chunked_prefill=False),
+    dict(enforce_eager=True),                           # Triton kernels without CUDA graphs
+    dict(attention_backend="torch"),                    # the torch reference attention
+    dict(attention_backend="torch", block_size=4, num_kv_blocks=36, max_num_batched_tokens=7),
+    dict(max_num_seqs=3, block_size=5),                 # odd block size; 3 decodes padded to a graph of 4
 ])
 def test_greedy_matches_transformers_on_the_gpu(tiny_llama, tiny_mistral, options):
     from transformers import AutoModelForCausalLM

@@ -13,9 +13,15 @@ from minivllm.kernels.store_kv import store_kv
 from minivllm.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul as silu_and_mul_ref
 
 DTYPES = [torch.float32, torch.bfloat16]
-# bf16: torch's own rtol for bf16 (2 ulps): the kernels sum in a different order and round the
-# float32 result once where torch sometimes rounds twice, so one or two ulps apart is expected
-TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1.6e-2)}
+
+
+def tol(dtype, device):
+    """float32: tight. bfloat16: a couple of ulps (2**-8 relative each), because the kernels sum in
+    another order and round once where torch rounds twice; in Triton's interpreter a little more,
+    because it converts float32 to bfloat16 by truncating instead of rounding to nearest."""
+    if dtype == torch.float32:
+        return dict(atol=1e-5, rtol=1e-5)
+    return dict(atol=1e-2, rtol=1.6e-2 if device == "cuda" else 3e-2)
 
 
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=[
@@ -44,11 +50,11 @@ def test_rms_norm(device, dtype, T, H):
         residual = torch.randn(T, H, dtype=dtype, device=device)
         x_before, residual_before = x.clone(), residual.clone()
 
-        torch.testing.assert_close(rms_norm(x, norm.weight, norm.eps), norm(x), **TOL[dtype])
+        torch.testing.assert_close(rms_norm(x, norm.weight, norm.eps), norm(x), **tol(dtype, device))
         out, new_residual = rms_norm(x, norm.weight, norm.eps, residual)
         ref_out, ref_residual = norm(x, residual)
-    torch.testing.assert_close(out, ref_out, **TOL[dtype])
-    torch.testing.assert_close(new_residual, ref_residual, **TOL[dtype])
+    torch.testing.assert_close(out, ref_out, **tol(dtype, device))
+    torch.testing.assert_close(new_residual, ref_residual, **tol(dtype, device))
     assert torch.equal(x, x_before) and torch.equal(residual, residual_before)  # inputs left alone
 
 
@@ -58,7 +64,7 @@ def test_rms_norm_strided_rows(device):
     norm = RMSNorm(40).to(device)
     x = torch.randn(5, 64, device=device)[:, 8:48]
     with torch.no_grad():
-        torch.testing.assert_close(rms_norm(x, norm.weight, norm.eps), norm(x), **TOL[torch.float32])
+        torch.testing.assert_close(rms_norm(x, norm.weight, norm.eps), norm(x), **tol(torch.float32, device))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -66,7 +72,7 @@ def test_rms_norm_strided_rows(device):
 def test_silu_and_mul(device, dtype, T, I):
     torch.manual_seed(T * I)
     gate_up = torch.randn(T, 2 * I, dtype=dtype, device=device) * 4
-    torch.testing.assert_close(silu_and_mul(gate_up), silu_and_mul_ref(gate_up), **TOL[dtype])
+    torch.testing.assert_close(silu_and_mul(gate_up), silu_and_mul_ref(gate_up), **tol(dtype, device))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -81,8 +87,8 @@ def test_apply_rotary(device, dtype, T, hq, hkv, d):
     ref_q, ref_k = rotary(positions, q, k)
     out_q, out_k = apply_rotary_(positions, q, k, rotary.cos, rotary.sin)
     assert out_q is q and out_k is k
-    torch.testing.assert_close(q, ref_q, **TOL[dtype])
-    torch.testing.assert_close(k, ref_k, **TOL[dtype])
+    torch.testing.assert_close(q, ref_q, **tol(dtype, device))
+    torch.testing.assert_close(k, ref_k, **tol(dtype, device))
 
 
 def test_apply_rotary_leaves_v_alone(device):

@@ -8,4 +8,8 @@ from .rmsnorm import rms_norm
 from .silu_and_mul import silu_and_mul
 from .rotary import apply_rotary_
 from .store_kv import store_kv
+from .decode_attention import paged_decode_attention
+from .prefill_attention import paged_prefill_attention
 
+__all__ = ["rms_norm", "silu_and_mul", "apply_rotary_", "store_kv", "paged_decode_attention",
+           "paged_prefill_attention"]

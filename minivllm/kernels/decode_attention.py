@@ -13,9 +13,12 @@ divided by memory bandwidth. Everything here serves that one number:
   few to keep an H200's 132 SMs busy. So a long context is cut into `num_splits` parts read by
   separate programs in parallel, and a second small kernel merges their partial results.
 
-The softmax is computed online, one tile of keys at a time, in fp32 and base 2:
+The softmax is computed online, one tile of scores s_j at a time, in fp32 and base 2: keep the
+running max m, and rescale what was summed so far when it grows:
 
-    m' = max(m, max_j s_j);   l' = l * 2^(m - m') + sum_j 2^(s_j - m');   acc' = acc * 2^(m - m') + sum_j 2^(s_j - m') v_j
+    m' = max(m, max_j s_j)
+    l' = l 2^(m - m') + sum_j 2^(s_j - m')
+    acc' = acc 2^(m - m') + sum_j 2^(s_j - m') v_j
 
 and the output is acc / l. Two partial results (m1, l1, acc1), (m2, l2, acc2) merge the same way,
 which is all the split-K reduce kernel does.
@@ -29,6 +32,8 @@ Usage (the keys and values of the new tokens are already stored in the cache)::
 The torch reference it is tested against is `minivllm.attention.torch_ref.paged_attention`.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -47,7 +52,7 @@ def _decode_kernel(
     stride_bt,
     stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program: sequence `b`, KV head `kvh`, part `split` of the context, all GROUP query heads."""
@@ -58,7 +63,7 @@ def _decode_kernel(
     # Keys j with lo <= j < ctx are visible: the query sits at ctx - 1, the window keeps the last
     # `window` tokens. A padding row (ctx == 0) has no tiles at all, so it loads nothing.
     ctx = tl.load(context_lens_ptr + b)
-    lo = tl.where(window > 0, tl.maximum(ctx - window, 0), 0)
+    lo = tl.maximum(ctx - window, 0)
 
     # Tiles of BLOCK_N tokens aligned on absolute positions, so that when BLOCK_N == block_size a
     # tile is exactly one cache block. Tiles before lo // BLOCK_N are outside the window: never
@@ -76,6 +81,8 @@ def _decode_kernel(
     heads = kvh * GROUP + offs_h
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=h_mask[:, None] & d_mask[None, :], other=0.0)
+    if DOT_IN_FP32:  # only under Triton's interpreter, which multiplies bf16 as raw bits (triton#11584)
+        q = q.to(tl.float32)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -91,6 +98,8 @@ def _decode_kernel(
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if DOT_IN_FP32:
+            k, v = k.to(tl.float32), v.to(tl.float32)
 
         # "ieee": with fp32 inputs the default would be TF32 (10-bit mantissa); fp16/bf16 ignore it.
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale      # [BLOCK_H, BLOCK_N]
@@ -155,17 +164,18 @@ def _tile_size(block_size: int) -> int:
 
 
 def _num_programs_to_fill(device: torch.device) -> int:
-    """About how many programs keep the device busy: a few per SM (a memory-bound kernel wants many
-    loads in flight). Under the CPU interpreter a small constant, so that the split path is used."""
+    """About how many programs keep the device busy: two per SM, so that every SM streams KV from
+    more than one program. Under the CPU interpreter a small constant, so the split path is used."""
     if device.type == "cuda":
-        return 4 * torch.cuda.get_device_properties(device).multi_processor_count
-    return 16
+        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 8
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, tile: int, device: torch.device) -> int:
-    """Split each context when batch x KV heads programs are too few to fill the device; never into
-    pieces shorter than 4 tiles. Only shapes go in (no context_lens values), so the choice needs
-    no host sync and stays fixed while a CUDA graph replays with longer contexts."""
+    """Split each context when batch x KV heads programs are too few to fill the device, into at
+    most 64 parts of at least 4 tiles of the longest possible context. Only shapes go in (not the
+    values of context_lens), so the choice needs no host sync and stays fixed while a CUDA graph
+    replays with longer contexts; each sequence's own tiles are then dealt out to the parts."""
     wanted = triton.cdiv(_num_programs_to_fill(device), batch * num_kv_heads)
     return max(1, min(wanted, triton.cdiv(max_context, 4 * tile), 64))
 
@@ -188,8 +198,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return out
 
     tile = _tile_size(block_size)
-    if num_splits is None:  # the block table's width bounds every context
-        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, tile, q.device)
+    if num_splits is None:  # the block table's width (and the window) bounds what a query reads
+        max_context = min(block_tables.shape[1] * block_size, sliding_window or 2 ** 62)
+        num_splits = choose_num_splits(batch, num_kv_heads, max_context, tile, q.device)
     if num_splits > 1:
         part_m = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
@@ -206,12 +217,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens,
         out, part_m, part_l, part_acc,
-        scale * LOG2E, sliding_window or 0,
+        scale * LOG2E, sliding_window or 2 ** 30,   # no window: one longer than any context
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
+        DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and k_cache.dtype == torch.bfloat16,
         BLOCK_H=block_h, BLOCK_N=tile, BLOCK_D=block_d,
     )
     if num_splits > 1:

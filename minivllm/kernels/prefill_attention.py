@@ -42,7 +42,8 @@ def _prefill_attention_kernel(
     stride_kb, stride_ks, stride_kh, stride_bt,
     scale, window, num_q_tiles, group,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0) // num_q_tiles
     tile = tl.program_id(0) % num_q_tiles
@@ -60,7 +61,7 @@ def _prefill_attention_kernel(
     d_valid = offs_d < HEAD_DIM                             # BLOCK_D pads head dims that are not a power of 2
     q_pos = ctx_len - q_len + offs_m                        # absolute positions of the queries
     q_ptrs = Q + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    q = tl.load(q_ptrs, mask=m_valid[:, None] & d_valid[None, :], other=0.0).to(DOT_DTYPE)
 
     # Keys [lo, hi) are the only ones a query of this tile may see: nothing after the last query
     # (causal), nothing before the first query's window. Tiles outside are never visited.
@@ -84,8 +85,8 @@ def _prefill_attention_kernel(
         block = tl.load(block_tables + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_valid, other=0)
         kv_off = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
         kv_mask = n_valid[:, None] & d_valid[None, :]
-        k = tl.load(K + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(K + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        v = tl.load(V + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
 
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
@@ -102,7 +103,9 @@ def _prefill_attention_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        # p rounded to the cache's dtype, as flash attention does (a no-op pair of casts on a GPU).
+        p = p.to(V.dtype.element_ty).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     out = acc / l_i[:, None]
@@ -140,6 +143,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     block_m, block_n, num_warps, num_stages = _tiles(head_dim, q.device)
     num_q_tiles = triton.cdiv(max_query_len, block_m)
+    # tl.dot multiplies in the inputs' dtype. Triton's interpreter (CPU) gets bf16 products wrong
+    # (it hands numpy the raw bits), so there the operands are upcast to fp32. fp32 operands are
+    # multiplied exactly ("ieee"): Triton's default would be TF32 on Ampere and later GPUs.
+    dot_dtype = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(q.dtype, tl.float32)
+    if q.device.type != "cuda":
+        dot_dtype = tl.float32
     grid = (num_seqs * num_q_tiles, num_heads)
     _prefill_attention_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens_q, context_lens, block_tables,
@@ -148,8 +157,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         scale, sliding_window or 0, num_q_tiles, num_heads // num_kv_heads,
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=sliding_window is not None,
-        # fp32 inputs: exact fp32 products (Triton's default would be TF32 on Ampere and later).
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages,
     )
     return out
