@@ -38,8 +38,8 @@ OPTIONS = {
     "all squeezed": dict(block_size=1, num_kv_blocks=80, max_num_batched_tokens=5, max_num_seqs=3),
     # The fused Triton kernels (in Triton's interpreter on a CPU) instead of the torch reference.
     "triton kernels": dict(attention_backend="triton"),
-    "triton kernels, squeezed": dict(attention_backend="triton", block_size=4, num_kv_blocks=20,
-                                     max_num_batched_tokens=7, max_num_seqs=3),
+    "triton kernels, tiny pool": dict(attention_backend="triton", block_size=4, num_kv_blocks=20),
+    "triton kernels, tiny budget": dict(attention_backend="triton", max_num_batched_tokens=7),
 }
 
 
@@ -52,7 +52,7 @@ def test_greedy_equals_transformers(references, model, option):
     assert [o.outputs[0].token_ids for o in outs] == refs
     stats = llm.llm_engine.get_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
-    if option in ("tiny pool (preemption)", "triton kernels, squeezed"):
+    if option in ("tiny pool (preemption)", "triton kernels, tiny pool"):
         assert stats["num_preemptions"] > 0
 
 
