@@ -149,3 +149,11 @@ def test_from_config_engine_and_hf_names():
 def test_measurements_run_on_cpu():
     assert roofline.measure_bandwidth_Bps("cpu", nbytes=2**20, warmup=1, repeats=3) > 0
     assert roofline.measure_matmul_flops("cpu", n=64, warmup=1, repeats=3) > 0
+
+
+def test_kernel_bench_runs_every_kernel_and_its_reference():
+    from minivllm.bench.kernels import run_kernel_bench
+    result = run_kernel_bench(device="cpu", dtype=torch.float32, smoke=True)
+    assert len(result["rows"]) == 7
+    assert all(row["triton_ms"] > 0 and row["torch_ms"] > 0 for row in result["rows"])
+    assert "triton_TFLOPs" in result["rows"][-1]

@@ -52,7 +52,7 @@ def _decode_kernel(
     stride_bt,
     stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program: sequence `b`, KV head `kvh`, part `split` of the context, all GROUP query heads."""
@@ -101,15 +101,15 @@ def _decode_kernel(
         if DOT_IN_FP32:
             k, v = k.to(tl.float32), v.to(tl.float32)
 
-        # "ieee": with fp32 inputs the default would be TF32 (10-bit mantissa); fp16/bf16 ignore it.
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale      # [BLOCK_H, BLOCK_N]
+        # fp32 inputs are multiplied exactly ("ieee"): the default would be TF32 (10-bit mantissa).
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale      # [BLOCK_H, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
         # Every visited tile holds at least one visible key, so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     out_mask = h_mask[:, None] & d_mask[None, :]
@@ -177,7 +177,10 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, tile: int
     values of context_lens), so the choice needs no host sync and stays fixed while a CUDA graph
     replays with longer contexts; each sequence's own tiles are then dealt out to the parts."""
     wanted = triton.cdiv(_num_programs_to_fill(device), batch * num_kv_heads)
-    return max(1, min(wanted, triton.cdiv(max_context, 4 * tile), 64))
+    splits = max(1, min(wanted, triton.cdiv(max_context, 4 * tile), 64))
+    # A power of 2: each value is a separate compilation, and the block table's width changes
+    # from step to step outside CUDA graphs.
+    return 1 << (splits.bit_length() - 1)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -212,6 +215,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # load nothing (masked) and cost only tensor-core time, which a memory-bound kernel has to
     # spare. Broadcast-multiply-and-sum would avoid the padding but builds a [group, tile, D]
     # product in registers and runs on the slower FMA units.
+    dot_in_fp32 = os.environ.get("TRITON_INTERPRET") == "1" and k_cache.dtype == torch.bfloat16
     block_h = max(16, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(head_dim))
     _decode_kernel[(batch, num_kv_heads, num_splits)](
@@ -223,7 +227,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
-        DOT_IN_FP32=os.environ.get("TRITON_INTERPRET") == "1" and k_cache.dtype == torch.bfloat16,
+        DOT_IN_FP32=dot_in_fp32,
+        DOT_PRECISION="ieee" if dot_in_fp32 or k_cache.dtype == torch.float32 else "tf32",
         BLOCK_H=block_h, BLOCK_N=tile, BLOCK_D=block_d,
     )
     if num_splits > 1:
