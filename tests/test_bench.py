@@ -152,6 +152,8 @@ def test_measurements_run_on_cpu():
 
 
 def test_kernel_bench_runs_every_kernel_and_its_reference():
+    import torch
+
     from minivllm.bench.kernels import run_kernel_bench
     result = run_kernel_bench(device="cpu", dtype=torch.float32, smoke=True)
     assert len(result["rows"]) == 7
