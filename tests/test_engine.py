@@ -124,3 +124,21 @@ def test_bad_requests_and_options(tiny_llama):
     for bad in (dict(dtype="float8"), dict(load_format="pt"), dict(attention_backend="cuda")):
         with pytest.raises(ValueError):
             LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=16, **bad)
+
+
+def test_attention_backend_resolution(monkeypatch):
+    from minivllm.config import EngineConfig
+    assert EngineConfig("m", device="cpu").attention_backend == "torch"  # "auto" on a CPU: the reference
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        EngineConfig("m", device="cpu", attention_backend="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert EngineConfig("m", device="cpu", attention_backend="triton").attention_backend == "triton"
+
+
+def test_cuda_graph_batch_sizes():
+    from minivllm.engine.cuda_graphs import batch_size_ladder
+    assert batch_size_ladder(1) == [1]
+    assert batch_size_ladder(5) == [1, 2, 4, 5]
+    assert batch_size_ladder(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert batch_size_ladder(256)[-3:] == [224, 240, 256]

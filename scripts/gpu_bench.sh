@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The GPU run behind the README's numbers. From the repo root on the GPU machine:
+#   bash scripts/gpu_bench.sh            # GPU tests, kernel benchmark, W1 (every engine, the ablation), batch-1 decode
+#   bash scripts/gpu_bench.sh w2         # W2: minivllm vs transformers' continuous batching (long: run it alone)
+# Logs, JSON and plots go to $OUT (or ./gpu-out).
+set -o pipefail
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MINIVLLM_SMOKE=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+if [ "$1" = w2 ]; then
+  python3 -m minivllm.bench --workload w2 --engines minivllm,hf-continuous --no-decode \
+    --out "$OUT/bench_w2.json" 2>&1 | tee "$OUT/bench_w2.log"
+  exit
+fi
+python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log"
+python3 -m minivllm.bench.kernels --out "$OUT/10_kernels.json" 2>&1 | tee "$OUT/kernels.log"
+python3 -m minivllm.bench --workload w1 --ablation --out "$OUT/bench_w1.json" 2>&1 | tee "$OUT/bench_w1.log"
