@@ -72,10 +72,12 @@ def free_memory():
 
 
 def measure(rows: list[dict], engine: str, run) -> None:
-    """Append run()'s row; if that engine fails, say so in its row and go on with the others
+    """Append run()'s row and print it at once (a run cut short still tells something); if that engine fails, say so in its row and go on with the others
     (one baseline's failure should not throw away a whole GPU run)."""
     try:
-        rows.append(run())
+        row = run()
+        print(f"{row['engine']}, {row['workload']}: {row['output_tok_s']:,.0f} tok/s in {row['wall_s']:.1f} s", flush=True)
+        rows.append(row)
     except Exception as error:  # noqa: BLE001 - reported in the table and the JSON, not hidden
         traceback.print_exc()
         rows.append({"engine": engine, "error": f"{type(error).__name__}: {error}"})
@@ -141,19 +143,6 @@ def main(argv=None):
             shape, 1, 128, ceilings["bandwidth_Bps"], ceilings["matmul_flops"], dtype.itemsize)
 
     rows = []
-    if set(HF_ENGINES) & set(engines):
-        hf = hf_model_for(source, device, dtype)
-        for work in works:
-            if "hf-sequential" in engines:
-                first = first_requests(work, args.sequential_requests)
-                measure(rows, "hf-sequential", lambda: runners.run_hf_sequential(hf, first))
-            if "hf-static" in engines:
-                measure(rows, "hf-static", lambda: runners.run_hf_static(hf, work))
-            if "hf-continuous" in engines:
-                measure(rows, "hf-continuous", lambda: runners.run_hf_continuous(hf, work))
-        del hf
-        free_memory()
-
     engine_args = dict(dtype=args.dtype, gpu_memory_utilization=0.6,
                        load_format="dummy" if source.folder is None else "auto")
     for work in works:
@@ -167,6 +156,19 @@ def main(argv=None):
     if args.ablation:
         for label, options in ABLATION.items():
             run_minivllm_engine(rows, args.model, works[0], engine_args, f"minivllm, {label}", **options)
+
+    if set(HF_ENGINES) & set(engines):
+        hf = hf_model_for(source, device, dtype)
+        for work in works:
+            if "hf-sequential" in engines:
+                first = first_requests(work, args.sequential_requests)
+                measure(rows, "hf-sequential", lambda: runners.run_hf_sequential(hf, first))
+            if "hf-static" in engines:
+                measure(rows, "hf-static", lambda: runners.run_hf_static(hf, work))
+            if "hf-continuous" in engines:
+                measure(rows, "hf-continuous", lambda: runners.run_hf_continuous(hf, work))
+        del hf
+        free_memory()
 
     decode = {}
     if {"recompute"} & set(engines) or not args.no_decode:
