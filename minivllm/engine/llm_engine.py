@@ -167,7 +167,9 @@ class LLMEngine:
         if not ready:
             return []
         seqs = [scheduled.seqs[i] for i in ready]
-        next_tokens = self.sampler(logits[ready], seqs).tolist()  # the step's one device -> host copy
+        if len(ready) < len(scheduled.seqs):  # indexing by a list is a host -> device copy: only when needed
+            logits = logits[ready]
+        next_tokens = self.sampler(logits, seqs).tolist()  # the step's one device -> host copy
         now = time.perf_counter()
         outputs = []
         for seq, token in zip(seqs, next_tokens):
