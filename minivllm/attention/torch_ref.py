@@ -12,8 +12,8 @@ windows, because all of them are the same computation on a padded view of the fl
 
 Decodes (one query each) and prefill chunks are attended as two groups, so a decode is
 never padded to a chunk's length. The index tensors and the masks are the same for every
-layer, so they are built once per step and kept in `meta.derived`. A fused attention
-kernel (the Triton notebook, still to come) computes the same thing without the gather.
+layer, so they are built once per step and kept in `meta.derived`. The Triton kernels
+(`minivllm.kernels`, notebook 10) compute the same thing without the gather.
 """
 from __future__ import annotations
 

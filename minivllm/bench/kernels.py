@@ -113,10 +113,21 @@ def kernel_cases(device, dtype, smoke: bool = False) -> list[KernelCase]:
     return cases
 
 
-def run_kernel_bench(device=None, dtype=torch.bfloat16, smoke: bool = False, repeats: int = 20) -> dict:
+def _time_ms(fn, on_gpu: bool) -> float:
+    """Median ms of one call. On a GPU Triton's do_bench: it queues many calls back to back, so a
+    short kernel is not charged for its own launch, and clears the L2 cache between them, so no
+    call reads what the previous one left there."""
+    if on_gpu:
+        import triton.testing
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")  # warmup, rep: ms
+    from .metrics import cuda_time_ms, median
+    return median(cuda_time_ms(fn, warmup=1, repeats=1, device="cpu"))
+
+
+def run_kernel_bench(device=None, dtype=torch.bfloat16, smoke: bool = False) -> dict:
     """Median time of each kernel and of its torch reference, as GB/s (and TFLOP/s where it
     computes), with the ceilings measured in the same run on a GPU."""
-    from .metrics import cuda_time_ms, hardware_name, median
+    from .metrics import hardware_name
     from .roofline import measure_bandwidth_Bps, measure_matmul_flops
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     on_gpu = device.type == "cuda"
@@ -128,8 +139,7 @@ def run_kernel_bench(device=None, dtype=torch.bfloat16, smoke: bool = False, rep
         for case in kernel_cases(device, dtype, smoke):
             row = {"kernel": case.name}
             for impl in ("triton", "torch"):
-                ms = median(cuda_time_ms(getattr(case, impl), warmup=2 if on_gpu else 1,
-                                         repeats=repeats if on_gpu else 1, device=device))
+                ms = _time_ms(getattr(case, impl), on_gpu)
                 row[f"{impl}_ms"] = ms
                 row[f"{impl}_GBps"] = case.bytes_moved / (ms / 1e3) / 1e9
                 if case.flops:
@@ -146,8 +156,6 @@ def run_kernel_bench(device=None, dtype=torch.bfloat16, smoke: bool = False, rep
 
 def plot_kernel_bench(result: dict, path: str) -> str:
     """Achieved GB/s of each kernel, Triton next to torch, against the measured bandwidth."""
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     rows = result["rows"]
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.5))

@@ -5,10 +5,7 @@ and the ablation (everything on, then one optimization off at a time).
 """
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")  # the CLI runs headless; notebooks call it too and show the saved file
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def plot_bench(result: dict, path: str) -> str:
