@@ -100,12 +100,15 @@ def hf_generate_continuous(hf_model, prompts, max_tokens: int | list[int]) -> li
                                                                        timeout=5) as manager:
         for i, (prompt, n) in enumerate(zip(prompts, lengths)):
             manager.add_request(list(prompt), request_id=f"req_{i}", max_new_tokens=n)
+        bar = progress(total=sum(lengths), desc="HF continuous batching (tokens of finished requests)")
         while len(done) < len(prompts):
             result = manager.get_result(timeout=1)
             if result is not None and result.is_finished():
                 done[result.request_id] = result.generated_tokens
+                bar.update(len(result.generated_tokens))
             elif result is None and not manager.is_running():
                 break
+        bar.close()
     outs = [list(done.get(f"req_{i}", [])) for i in range(len(prompts))]
     if [len(o) for o in outs] != lengths:
         raise RuntimeError("transformers' continuous batching did not produce every requested token "
