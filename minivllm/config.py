@@ -110,8 +110,10 @@ def resolve_dtype(dtype: str | torch.dtype, model_config: ModelConfig, device: s
         if str(device).startswith("cpu"):
             return torch.float32
         chosen = names.get(model_config.torch_dtype.replace("torch.", ""), torch.float32)
-        if chosen == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-            chosen = torch.float16  # e.g. a T4 (sm_75) has no bf16
+        # Before Ampere (sm_80) there is no bf16 in hardware, e.g. Colab's T4 (sm_75): torch would
+        # emulate it and Triton's tl.dot refuses it.
+        if chosen == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] < 8:
+            chosen = torch.float16
         return chosen
     if dtype not in names:
         raise ValueError(f"dtype must be one of 'auto', {sorted(names)}; got {dtype!r}")
