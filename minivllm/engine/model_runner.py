@@ -19,7 +19,7 @@ class ModelRunner:
     def __init__(self, model, block_size: int, device):
         self.model = model
         self.block_size = block_size
-        self.device = device
+        self.device = torch.device(device)
         self.graphs: DecodeGraphs | None = None
 
     def capture_cuda_graphs(self, max_batch: int, max_model_len: int) -> None:
