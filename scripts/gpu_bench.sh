@@ -7,6 +7,10 @@ set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MINIVLLM_SMOKE=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+# Triton builds its launcher with a C compiler and Python's headers the first time a kernel runs.
+{ which gcc cc clang; python3 -c "import sysconfig, os; print('Python.h:', os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))"
+  python3 -c "import torch; from minivllm.kernels import rms_norm; x = torch.randn(2, 64, device='cuda'); print('triton ok:', rms_norm(x, torch.ones(64, device='cuda'), 1e-5).shape)"
+} 2>&1 | tee "$OUT/toolchain.txt"
 if [ "$1" = w2 ]; then
   python3 -m minivllm.bench --workload w2 --engines minivllm,hf-continuous --no-decode \
     --out "$OUT/bench_w2.json" 2>&1 | tee "$OUT/bench_w2.log"

@@ -18,6 +18,10 @@ from ..sampling_params import SamplingParams
 from .metrics import median
 
 
+HOST_LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                     "cudaGraphLaunch"}
+
+
 def _start_decoding(engine, batch: int, context: int, steps: int) -> None:
     params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
     for i in range(batch):
@@ -53,14 +57,18 @@ def decode_step_profile(llm, batch: int, context: int, steps: int = 5, top: int 
             engine.step()
     while engine.has_unfinished_requests():
         engine.step()
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    averages = prof.key_averages()
+    events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
+    # What the CPU launched: kernels one by one, or whole CUDA graphs (one call replays hundreds).
+    launches = sum(e.count for e in averages if e.key in HOST_LAUNCH_CALLS)
     gpu_us = sum(e.self_device_time_total for e in events)
     kernels = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:top]
     gpu_ms = gpu_us / 1e3 / steps
     return {
         "batch": batch, "context": context, "wall_ms": wall_ms, "gpu_ms": gpu_ms,
         "overhead_ms": wall_ms - gpu_ms, "overhead_fraction": 1 - gpu_ms / wall_ms,
-        "kernel_launches_per_step": sum(e.count for e in events) / steps,
+        "kernels_per_step": sum(e.count for e in events) / steps,
+        "host_launches_per_step": launches / steps,
         "top_kernels": [{"name": e.key[:80], "ms_per_step": e.self_device_time_total / 1e3 / steps}
                         for e in kernels],
     }

@@ -39,8 +39,10 @@ class DecodeGraphs:
         self.context_lens = torch.zeros(max_batch, dtype=torch.int32, device=device)
         self.block_tables = torch.zeros(max_batch, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.cu_seqlens = torch.arange(max_batch + 1, dtype=torch.int32, device=device)
+        # One logits buffer for every graph (each writes its first rows), not one per batch size.
+        self.logits = torch.empty(max_batch, model.config.vocab_size, dtype=torch.float32, device=device)
         max_len = max_blocks_per_seq * block_size
-        self.graphs, self.logits, pool = {}, {}, None
+        self.graphs, pool = {}, None
         # Largest first, all in one memory pool: a smaller graph reuses the larger one's memory.
         for bs in reversed(self.batch_sizes):
             meta = AttentionMetadata(self.cu_seqlens[:bs + 1], self.context_lens[:bs], self.slot_mapping[:bs],
@@ -48,13 +50,13 @@ class DecodeGraphs:
                                      max_context_len=max_len, num_decodes=bs, max_decode_context_len=max_len)
 
             def forward():
-                return model.compute_logits(model(self.input_ids[:bs], self.positions[:bs], meta))
+                self.logits[:bs].copy_(model.compute_logits(model(self.input_ids[:bs], self.positions[:bs], meta)))
 
             forward()  # outside the capture: Triton compiles its kernels for these shapes now
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[bs] = forward()
+                forward()
             pool = graph.pool()
             self.graphs[bs] = graph
 
@@ -72,4 +74,4 @@ class DecodeGraphs:
         self.context_lens[n:bs].zero_()
         self.block_tables[:n, :meta.block_tables.shape[1]].copy_(meta.block_tables)
         self.graphs[bs].replay()
-        return self.logits[bs][:n]
+        return self.logits[:n]

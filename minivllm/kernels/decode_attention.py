@@ -42,7 +42,11 @@ import triton.language as tl
 LOG2E = 1.4426950408889634  # exp(x) = 2^(x * log2 e): exp2 is the fast instruction
 
 
-@triton.jit
+# Not specialised on the block table's width, which changes from step to step outside CUDA graphs
+# (each specialisation would be a fresh compilation while serving), nor on the alignment of the
+# block tables and lengths, which a mixed step offsets past its prefill chunks.
+@triton.jit(do_not_specialize=["stride_bt"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "context_lens_ptr"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,

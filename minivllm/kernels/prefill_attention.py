@@ -35,7 +35,11 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# Not specialised on values that change from step to step (the block table's width, the number of
+# query tiles) or on the alignment of pointers that are offset into the batch's tensors: each
+# specialisation would be a fresh compilation (about half a second) in the middle of serving.
+@triton.jit(do_not_specialize=["stride_bt", "num_q_tiles"],
+            do_not_specialize_on_alignment=["cu_seqlens_q", "context_lens", "block_tables"])
 def _prefill_attention_kernel(
     Q, K, V, O, cu_seqlens_q, context_lens, block_tables,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -113,12 +117,18 @@ def _prefill_attention_kernel(
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
 
-def _tiles(head_dim: int, device: torch.device) -> tuple[int, int, int, int]:
+def _tiles(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). Under the interpreter the smallest tiles tl.dot
-    allows, so small tests still cross several query and key tiles. On a GPU conservative sizes
-    that fit the 64 KiB of shared memory of a T4 (sm_75) with head_dim 128 in fp16."""
+    allows, so small tests still cross several query and key tiles. On a GPU: for 16-bit inputs
+    on Ampere or later (sm_80+: 164 KiB and more of shared memory) large tiles that keep the tensor
+    cores fed; otherwise conservative sizes that fit the 64 KiB of a T4 (sm_75) with head_dim 128
+    in fp16; for fp32 (exact "ieee" products on the FMA units) small tiles, to stay in registers."""
     if device.type != "cuda":
         return 16, 16, 4, 1
+    if dtype == torch.float32:
+        return 32, 32, 4, 2
+    if torch.cuda.get_device_capability(device)[0] >= 8 and head_dim <= 128:
+        return 128, 64, 8, 3
     return 64, (64 if head_dim <= 64 else 32), 4, 2
 
 
@@ -141,7 +151,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     num_seqs = context_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
         return out
-    block_m, block_n, num_warps, num_stages = _tiles(head_dim, q.device)
+    block_m, block_n, num_warps, num_stages = _tiles(head_dim, q.dtype, q.device)
     num_q_tiles = triton.cdiv(max_query_len, block_m)
     # tl.dot multiplies in the inputs' dtype. Triton's interpreter (CPU) gets bf16 products wrong
     # (it hands numpy the raw bits), so there the operands are upcast to fp32. fp32 operands are
@@ -155,7 +165,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         scale, sliding_window or 0, num_q_tiles, num_heads // num_kv_heads,
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=sliding_window is not None,
         DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages,

@@ -33,7 +33,7 @@ def _rotate_heads(x_ptr, token_stride, head_stride, token, num_heads, cos, sin,
     tl.store(first + HALF, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr"])  # positions may be a view at any offset
 def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr,
                    q_token_stride, q_head_stride, k_token_stride, k_head_stride, cos_stride,
                    num_q_heads, num_k_heads,
