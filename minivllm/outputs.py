@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 @dataclass
 class CompletionOutput:
     index: int
-    text: str
+    text: str                  # decoded when the request finishes ("" in the outputs of earlier steps)
     token_ids: list[int]
     finish_reason: str | None  # "length" | "stop" | "abort" | None while running
 

@@ -193,7 +193,9 @@ class LLMEngine:
 
     def _output(self, seq: Sequence) -> RequestOutput:
         ids = seq.output_token_ids
-        text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else ""
+        # Text once, when the request finishes: decoding the whole answer again at every step would
+        # cost O(n^2) in its length. A streaming caller reads token_ids as they come.
+        text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer and seq.is_finished else ""
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids,
                              [CompletionOutput(0, text, ids, seq.finish_reason)], seq.is_finished, seq.metrics)
 
