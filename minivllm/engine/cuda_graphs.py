@@ -13,7 +13,7 @@ Shapes are frozen at capture, hence the rules here:
   the Triton backend (the torch reference sizes its tensors from the step's longest context).
 
     >>> graphs = DecodeGraphs(model, max_batch=256, max_blocks_per_seq=64, block_size=16, device="cuda")
-    >>> logits = graphs.run(input_ids, positions, meta)   # None if the batch is too large
+    >>> logits = graphs.run(input_ids, positions, meta)   # a decode-only step of <= max_batch sequences
 """
 from __future__ import annotations
 
@@ -60,11 +60,9 @@ class DecodeGraphs:
             pool = graph.pool()
             self.graphs[bs] = graph
 
-    def run(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor | None:
+    def run(self, input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
         """Logits [n, vocab] of a decode-only step of n <= max_batch sequences, by replay."""
         n = input_ids.shape[0]
-        if n > self.max_batch:
-            return None
         bs = next(b for b in self.batch_sizes if b >= n)
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
