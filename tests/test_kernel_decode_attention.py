@@ -11,6 +11,7 @@ import torch
 
 from minivllm.attention import torch_ref
 from minivllm.attention.metadata import AttentionMetadata
+import minivllm.kernels.decode_attention as decode_attention
 from minivllm.kernels.decode_attention import choose_num_splits, paged_decode_attention
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
@@ -122,3 +123,13 @@ def test_realistic_shapes_on_the_gpu(batch, max_len, dtype, window):
     lens = torch.randint(1, max_len + 1, (batch,), generator=g)
     lens[0] = max_len
     check(lens.tolist(), 32, 8, 128, 16, dtype, window=window, splits=(None, 1, 7), device="cuda")
+
+
+@pytest.mark.parametrize("tile", [64, 128])
+def test_gpu_tile_sizes_in_the_interpreter(monkeypatch, tile):
+    # A GPU reads 64 tokens per tile (128 for large blocks): several blocks per tile, tiles that
+    # straddle a window's start. The interpreter normally uses 16; check the GPU's sizes here too.
+    monkeypatch.setattr(decode_attention, "_tile_size", lambda block_size, device: tile)
+    check([1, 16, 17, 150, 0, 300], 8, 2, 64, 16, torch.float32, splits=(None, 1, 3))
+    check([5, 70, 129, 260], 3, 1, 32, 5, torch.bfloat16, splits=(1, 2))
+    check([20, 33, 100, 270], 4, 2, 32, 16, torch.float32, window=40, splits=(None, 1, 2))

@@ -18,6 +18,7 @@ import torch
 
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_ref import paged_attention
+import minivllm.kernels.prefill_attention as prefill_attention
 from minivllm.kernels.prefill_attention import paged_prefill_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -137,3 +138,14 @@ def test_realistic_shapes_on_gpu(window):
     q_lens, earlier = [512, 2048, 1000, 777, 1], [0, 2048, 1536, 333, 4000]
     inputs, meta, k, v, _ = make_case(q_lens, earlier, 16, 32, 8, 128, torch.bfloat16, window=window, seed=4)
     check(inputs, meta, k, v, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("tiles", [(128, 64, 8, 3), (64, 32, 4, 2), (32, 32, 4, 2)])
+def test_gpu_tile_sizes_in_the_interpreter(monkeypatch, tiles):
+    # The tiles a GPU uses (H200 16-bit, T4, fp32), larger than the interpreter's 16 x 16: query
+    # tiles longer than some chunks, key tiles spanning several blocks and a window's start.
+    monkeypatch.setattr(prefill_attention, "_tiles", lambda head_dim, dtype, device: tiles)
+    inputs, meta, k, v, _ = make_case([1, 5, 70, 140], [0, 3, 32, 21], 16, 4, 2, 32, torch.float32, seed=4)
+    check(inputs, meta, k, v, **TOL[torch.float32])
+    inputs, meta, k, v, _ = make_case([1, 5, 70, 140], [0, 3, 80, 45], 5, 4, 2, 32, torch.float32, window=37, seed=5)
+    check(inputs, meta, k, v, **TOL[torch.float32])
