@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# The GPU run behind the README's numbers. From the repo root on the GPU machine:
-#   bash scripts/gpu_bench.sh            # GPU tests, kernel benchmark, W1 (every engine, the ablation), batch-1 decode
-#   bash scripts/gpu_bench.sh w2         # W2: minivllm vs transformers' continuous batching (long: run it alone)
+# The GPU runs behind the README's numbers, each sized for one 10-minute call on the GPU machine.
+# From the repo root:
+#   bash scripts/gpu_bench.sh tests   # toolchain check, GPU tests, kernel benchmark (notebook 10's numbers)
+#   bash scripts/gpu_bench.sh w1      # W1: every engine, the ablation, batch-1 decode and its profile
+#   bash scripts/gpu_bench.sh w2      # W2: minivllm vs transformers' continuous batching
 # Logs, JSON and plots go to $OUT (or ./gpu-out).
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MINIVLLM_SMOKE=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-# Triton builds its launcher with a C compiler and Python's headers the first time a kernel runs.
-{ which gcc cc clang; python3 -c "import sysconfig, os; print('Python.h:', os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))"
-  python3 -c "import torch; from minivllm.kernels import rms_norm; x = torch.randn(2, 64, device='cuda'); print('triton ok:', rms_norm(x, torch.ones(64, device='cuda'), 1e-5).shape)"
-} 2>&1 | tee "$OUT/toolchain.txt"
-if [ "$1" = w2 ]; then
-  python3 -m minivllm.bench --workload w2 --engines minivllm,hf-continuous --no-decode \
-    --out "$OUT/bench_w2.json" 2>&1 | tee "$OUT/bench_w2.log"
-  exit
-fi
-python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log"
-python3 -m minivllm.bench.kernels --out "$OUT/10_kernels.json" 2>&1 | tee "$OUT/kernels.log"
-# recompute (no KV cache, ~65 s on W1) is left out to fit the 10-minute call; notebook 02 measures it.
-python3 -m minivllm.bench --workload w1 --ablation --engines hf-sequential,hf-static,hf-continuous,minivllm-static,minivllm \
-  --out "$OUT/bench_w1.json" 2>&1 | tee "$OUT/bench_w1.log"
+case "$1" in
+  tests)
+    # Triton builds its launcher with a C compiler and Python's headers the first time a kernel runs.
+    { which gcc cc clang; python3 -c "import sysconfig, os; print('Python.h:', os.path.exists(sysconfig.get_paths()['include'] + '/Python.h'))"
+      python3 -c "import torch; from minivllm.kernels import rms_norm; x = torch.randn(2, 64, device='cuda'); print('triton ok:', rms_norm(x, torch.ones(64, device='cuda'), 1e-5).shape)"
+    } 2>&1 | tee "$OUT/toolchain.txt"
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log"
+    python3 -m minivllm.bench.kernels --out "$OUT/10_kernels.json" 2>&1 | tee "$OUT/kernels.log" ;;
+  w1)
+    # recompute (no KV cache, ~65 s on W1) is left out to fit the call; notebook 02 measures it.
+    python3 -m minivllm.bench --workload w1 --ablation --engines hf-sequential,hf-static,hf-continuous,minivllm-static,minivllm \
+      --out "$OUT/bench_w1.json" 2>&1 | tee "$OUT/bench_w1.log" ;;
+  w2)
+    python3 -m minivllm.bench --workload w2 --engines minivllm,hf-continuous --no-decode \
+      --out "$OUT/bench_w2.json" 2>&1 | tee "$OUT/bench_w2.log" ;;
+  *) echo "usage: bash scripts/gpu_bench.sh tests|w1|w2"; exit 2 ;;
+esac
