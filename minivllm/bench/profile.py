@@ -23,11 +23,16 @@ HOST_LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"
 
 
 def _start_decoding(engine, batch: int, context: int, steps: int) -> None:
+    """Add `batch` requests of `context` tokens and step until every one is decoding."""
     params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    vocab = engine.model_config.vocab_size
+    seqs = []
     for i in range(batch):
-        engine.add_request(f"profile-{time.perf_counter_ns()}-{i}", [(7 * i + j) % 1000 + 1 for j in range(context)],
-                           params)
-    engine.step()  # the prefill
+        request_id = f"profile-{time.perf_counter_ns()}-{i}"
+        engine.add_request(request_id, [(7 * i + j) % (vocab - 1) + 1 for j in range(context)], params)
+        seqs.append(engine.requests[request_id])
+    while not all(seq.output_token_ids for seq in seqs):  # the prefill: several steps if it exceeds the budget
+        engine.step()
     engine.step()  # one decode step to warm up
 
 
