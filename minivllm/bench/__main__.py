@@ -31,7 +31,7 @@ from . import roofline, runners
 from .metrics import format_table, hardware_name, median, save_json
 from .plots import plot_bench
 from .profile import decode_step_profile, decode_step_times_ms
-from .workloads import w1, w2
+from .workloads import base_workload, w1, w2
 
 ENGINES = ("hf-sequential", "hf-static", "hf-continuous", "recompute", "minivllm-static", "minivllm")
 HF_ENGINES = ("hf-sequential", "hf-static", "hf-continuous")
@@ -72,8 +72,9 @@ def free_memory():
 
 
 def measure(rows: list[dict], engine: str, run) -> None:
-    """Append run()'s row and print it at once (a run cut short still tells something); if that engine fails, say so in its row and go on with the others
-    (one baseline's failure should not throw away a whole GPU run)."""
+    """Append run()'s row and print it at once (a run cut short still tells something). If that
+    engine fails, say so in its row and go on: one baseline's failure should not throw away a
+    whole GPU run."""
     try:
         row = run()
         print(f"{row['engine']}, {row['workload']}: {row['output_tok_s']:,.0f} tok/s in {row['wall_s']:.1f} s", flush=True)
@@ -173,7 +174,7 @@ def main(argv=None):
         free_memory()
 
     decode = {}
-    if {"recompute"} & set(engines) or not args.no_decode:
+    if "recompute" in engines or not args.no_decode:
         llm = LLM(args.model, **engine_args, max_model_len=max_len_of(works[0]))
         if "recompute" in engines:
             for work in works:
@@ -190,7 +191,7 @@ def main(argv=None):
         free_memory()
 
     for row in rows:
-        limit = ceilings.get(f"{row.get('workload', '').split(' ')[0]}_roofline_tok_s")
+        limit = ceilings.get(f"{base_workload(row.get('workload', ''))}_roofline_tok_s")
         if limit and "output_tok_s" in row:
             row["roofline_fraction"] = row["output_tok_s"] / limit
     print(format_table(rows, COLUMNS))

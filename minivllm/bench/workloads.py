@@ -112,3 +112,8 @@ def w2(
     ]
     max_tokens = [rng.randint(min_len, max_len) for _ in range(num_requests)]
     return Workload("W2", prompts, max_tokens)
+
+
+def base_workload(name: str) -> str:
+    """The workload a row measured a part of: "W1 (first 6)" -> "W1" (rooflines are per workload)."""
+    return name.split(" ")[0]
