@@ -159,3 +159,20 @@ def test_kernel_bench_runs_every_kernel_and_its_reference():
     assert len(result["rows"]) == 7
     assert all(row["triton_ms"] > 0 and row["torch_ms"] > 0 for row in result["rows"])
     assert "triton_TFLOPs" in result["rows"][-1]
+
+
+def test_decode_step_times_cover_the_whole_batch(tiny_llama):
+    # 6 prompts of 20 tokens with a 32-token step budget: the prefill takes several steps, and the
+    # first sequences decode meanwhile. Every timed step must still be a decode of all 6.
+    from minivllm import LLM
+    from minivllm.bench.profile import decode_step_times_ms
+    llm = LLM(tiny_llama[0], max_model_len=64, max_num_batched_tokens=32, num_kv_blocks=64)
+    engine = llm.llm_engine
+    steps_seen = []
+    run = engine.runner.run
+    engine.runner.run = lambda seqs, n: steps_seen.append(list(n)) or run(seqs, n)
+    times = decode_step_times_ms(llm, batch=6, context=20, steps=3)
+    assert len(times) == 3
+    assert steps_seen[-3:] == [[1] * 6] * 3
+    assert not engine.has_unfinished_requests()
+    assert engine.get_stats()["num_free_blocks"] == engine.get_stats()["num_total_blocks"]

@@ -127,9 +127,9 @@ def test_realistic_shapes_on_the_gpu(batch, max_len, dtype, window):
 
 @pytest.mark.parametrize("tile", [64, 128])
 def test_gpu_tile_sizes_in_the_interpreter(monkeypatch, tile):
-    # A GPU reads 64 tokens per tile (128 for large blocks): several blocks per tile, tiles that
+    # A GPU reads 128 tokens per tile (64 before Hopper): several blocks per tile, tiles that
     # straddle a window's start. The interpreter normally uses 16; check the GPU's sizes here too.
-    monkeypatch.setattr(decode_attention, "_tile_size", lambda block_size, device: tile)
+    monkeypatch.setattr(decode_attention, "_tile_size", lambda device: tile)
     check([1, 16, 17, 150, 0, 300], 8, 2, 64, 16, torch.float32, splits=(None, 1, 3))
     check([5, 70, 129, 260], 3, 1, 32, 5, torch.bfloat16, splits=(1, 2))
     check([20, 33, 100, 270], 4, 2, 32, 16, torch.float32, window=40, splits=(None, 1, 2))

@@ -22,32 +22,40 @@ HOST_LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"
                      "cudaGraphLaunch"}
 
 
-def _start_decoding(engine, batch: int, context: int, steps: int) -> None:
-    """Add `batch` requests of `context` tokens and step until every one is decoding."""
-    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+def _start_decoding(engine, batch: int, context: int, steps: int) -> list[str]:
+    """Add `batch` requests of `context` tokens and step until every one is decoding; return their
+    ids. Each may generate up to max_model_len, so that none finishes while later prompts are still
+    being prefilled (a batch x context over the step budget takes several steps): the steps that
+    follow are decode steps of the whole batch. The caller aborts them when done (`_stop`)."""
+    params = SamplingParams(temperature=0, max_tokens=max(steps + 2, engine.max_model_len - context),
+                            ignore_eos=True)
     vocab = engine.model_config.vocab_size
-    seqs = []
-    for i in range(batch):
-        request_id = f"profile-{time.perf_counter_ns()}-{i}"
+    ids = [f"profile-{time.perf_counter_ns()}-{i}" for i in range(batch)]
+    for i, request_id in enumerate(ids):
         engine.add_request(request_id, [(7 * i + j) % (vocab - 1) + 1 for j in range(context)], params)
-        seqs.append(engine.requests[request_id])
-    while not all(seq.output_token_ids for seq in seqs):  # the prefill: several steps if it exceeds the budget
+    seqs = [engine.requests[request_id] for request_id in ids]
+    while not all(seq.output_token_ids for seq in seqs):
         engine.step()
     engine.step()  # one decode step to warm up
+    return ids
+
+
+def _stop(engine, ids: list[str]) -> None:
+    for request_id in ids:
+        engine.abort_request(request_id)
 
 
 def decode_step_times_ms(llm, batch: int, context: int, steps: int = 20) -> list[float]:
     """Wall time of each of `steps` decode steps at this batch size and context length. Each
     step ends by copying the sampled tokens to the host, so its wall time includes the GPU work."""
     engine = llm.llm_engine
-    _start_decoding(engine, batch, context, steps)
+    ids = _start_decoding(engine, batch, context, steps)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         engine.step()
         times.append((time.perf_counter() - t0) * 1e3)
-    while engine.has_unfinished_requests():
-        engine.step()
+    _stop(engine, ids)
     return times
 
 
@@ -55,13 +63,12 @@ def decode_step_profile(llm, batch: int, context: int, steps: int = 5, top: int 
     """Median wall time of a decode step next to the GPU time of its kernels (CUDA only)."""
     wall_ms = median(decode_step_times_ms(llm, batch, context, steps=10))
     engine = llm.llm_engine
-    _start_decoding(engine, batch, context, steps)
+    ids = _start_decoding(engine, batch, context, steps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
-    while engine.has_unfinished_requests():
-        engine.step()
+    _stop(engine, ids)
     averages = prof.key_averages()
     events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
     # What the CPU launched: kernels one by one, or whole CUDA graphs (one call replays hundreds).
