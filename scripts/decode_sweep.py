@@ -3,11 +3,11 @@
 W2 (256 requests, prompts and answers of 100-1024 tokens) decodes at batch 256 with contexts around
 a thousand tokens, a shape the bench CLI does not profile. This script, on a GPU:
 
-1. profiles decode steps of the Mistral-7B shape (bf16, dummy weights, CUDA graphs) at W2's shape,
-   batch 256 x 1024 tokens, and at batch 128 x 1024 (`minivllm.bench.profile`);
-2. times the paged decode kernel with other tile sizes, warps and pipeline stages (the package's are
+1. times the paged decode kernel with other tile sizes, warps and pipeline stages (the package's are
    `_tile_size` and `_warps_and_stages`) at batch 64 x 4096 and 256 x 1024, as a fraction of the
-   bandwidth measured in the same run.
+   bandwidth measured in the same run; a setting that fails to compile is recorded as failed;
+2. profiles decode steps of the Mistral-7B shape (bf16, dummy weights, CUDA graphs) at W2's shape,
+   batch 256 x 1024 tokens, and at batch 128 x 1024 (`minivllm.bench.profile`).
 
     python scripts/decode_sweep.py --out gpu-out/decode_sweep.json
 """
@@ -48,15 +48,19 @@ def sweep_decode_kernel(results: dict, bandwidth: float) -> None:
         lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
         bytes_moved = 2 * batch * context * hkv * d * 2 + 2 * batch * hq * d * 2
         for tile, warps, stages in itertools.product((32, 64, 128), (4, 8), (2, 3, 4)):
-            with mock.patch.object(decode_attention, "_tile_size", lambda *_: tile), \
-                 mock.patch.object(decode_attention, "_warps_and_stages", lambda *_: (warps, stages)):
-                ms = triton.testing.do_bench(
-                    lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5),
-                    warmup=25, rep=100, return_mode="median")
-            rows.append({"batch": batch, "context": context, "tile": tile, "num_warps": warps,
-                         "num_stages": stages, "ms": ms, "bandwidth_fraction": bytes_moved / (ms * 1e-3) / bandwidth})
-            print(f"batch {batch} x {context}, tile {tile}, {warps} warps, {stages} stages: "
-                  f"{ms:.4f} ms, {rows[-1]['bandwidth_fraction']:.1%} of bandwidth")
+            row = {"batch": batch, "context": context, "tile": tile, "num_warps": warps, "num_stages": stages}
+            try:
+                with mock.patch.object(decode_attention, "_tile_size", lambda *_: tile), \
+                     mock.patch.object(decode_attention, "_warps_and_stages", lambda *_: (warps, stages)):
+                    ms = triton.testing.do_bench(
+                        lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5),
+                        warmup=25, rep=100, return_mode="median")
+                row |= {"ms": ms, "bandwidth_fraction": bytes_moved / (ms * 1e-3) / bandwidth}
+                result = f"{ms:.4f} ms, {row['bandwidth_fraction']:.1%} of bandwidth"
+            except Exception as e:  # e.g. more shared memory than the GPU has: Triton's OutOfResources
+                row["error"] = result = f"{type(e).__name__}: {e}"[:200]
+            rows.append(row)
+            print(f"batch {batch} x {context}, tile {tile}, {warps} warps, {stages} stages: {result}")
         del k_cache, v_cache
         torch.cuda.empty_cache()
     results["decode_kernel_sweep"] = rows

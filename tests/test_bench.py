@@ -176,3 +176,14 @@ def test_decode_step_times_cover_the_whole_batch(tiny_llama):
     assert steps_seen[-3:] == [[1] * 6] * 3
     assert not engine.has_unfinished_requests()
     assert engine.get_stats()["num_free_blocks"] == engine.get_stats()["num_total_blocks"]
+
+
+def test_decode_step_times_refuse_a_batch_that_shrank(tiny_llama):
+    # 20-token prompts in a 24-token model: 4 tokens each, fewer than the warm-up and 5 timed steps.
+    from minivllm import LLM
+    from minivllm.bench.profile import decode_step_times_ms
+    llm = LLM(tiny_llama[0], max_model_len=24, num_kv_blocks=16)
+    with pytest.raises(RuntimeError, match="max_model_len"):
+        decode_step_times_ms(llm, batch=2, context=20, steps=5)
+    stats = llm.llm_engine.get_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]

@@ -22,13 +22,12 @@ HOST_LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"
                      "cudaGraphLaunch"}
 
 
-def _start_decoding(engine, batch: int, context: int, steps: int) -> list[str]:
+def _start_decoding(engine, batch: int, context: int) -> list:
     """Add `batch` requests of `context` tokens and step until every one is decoding; return their
-    ids. Each may generate up to max_model_len, so that none finishes while later prompts are still
-    being prefilled (a batch x context over the step budget takes several steps): the steps that
-    follow are decode steps of the whole batch. The caller aborts them when done (`_stop`)."""
-    params = SamplingParams(temperature=0, max_tokens=max(steps + 2, engine.max_model_len - context),
-                            ignore_eos=True)
+    sequences. Each may grow to max_model_len tokens, so that none finishes while later prompts are
+    still being prefilled (a batch x context over the step budget takes several steps): the steps
+    that follow are decode steps of the whole batch. The caller ends them with `_stop`."""
+    params = SamplingParams(temperature=0, max_tokens=engine.max_model_len - context, ignore_eos=True)
     vocab = engine.model_config.vocab_size
     ids = [f"profile-{time.perf_counter_ns()}-{i}" for i in range(batch)]
     for i, request_id in enumerate(ids):
@@ -37,25 +36,31 @@ def _start_decoding(engine, batch: int, context: int, steps: int) -> list[str]:
     while not all(seq.output_token_ids for seq in seqs):
         engine.step()
     engine.step()  # one decode step to warm up
-    return ids
+    return seqs
 
 
-def _stop(engine, ids: list[str]) -> None:
-    for request_id in ids:
-        engine.abort_request(request_id)
+def _stop(engine, seqs: list) -> None:
+    """Abort the requests, which gives back their KV blocks. One that finished by itself left the
+    timed steps with a smaller batch than asked for: an error, not a number."""
+    finished = [seq.request_id for seq in seqs if seq.is_finished]
+    for seq in seqs:
+        engine.abort_request(seq.request_id)
+    if finished:
+        raise RuntimeError(f"{len(finished)} of {len(seqs)} requests reached max_model_len "
+                           f"({engine.max_model_len}) during the timed steps: raise max_model_len")
 
 
 def decode_step_times_ms(llm, batch: int, context: int, steps: int = 20) -> list[float]:
     """Wall time of each of `steps` decode steps at this batch size and context length. Each
     step ends by copying the sampled tokens to the host, so its wall time includes the GPU work."""
     engine = llm.llm_engine
-    ids = _start_decoding(engine, batch, context, steps)
+    seqs = _start_decoding(engine, batch, context)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         engine.step()
         times.append((time.perf_counter() - t0) * 1e3)
-    _stop(engine, ids)
+    _stop(engine, seqs)
     return times
 
 
@@ -63,12 +68,12 @@ def decode_step_profile(llm, batch: int, context: int, steps: int = 5, top: int 
     """Median wall time of a decode step next to the GPU time of its kernels (CUDA only)."""
     wall_ms = median(decode_step_times_ms(llm, batch, context, steps=10))
     engine = llm.llm_engine
-    ids = _start_decoding(engine, batch, context, steps)
+    seqs = _start_decoding(engine, batch, context)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
-    _stop(engine, ids)
+    _stop(engine, seqs)
     averages = prof.key_averages()
     events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
     # What the CPU launched: kernels one by one, or whole CUDA graphs (one call replays hundreds).

@@ -159,28 +159,28 @@ def _reduce_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-def _is_hopper_or_later(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+def _is_hopper(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def _tile_size(device: torch.device) -> int:
     """Tokens per tile. Each token finds its own block through the block table, so a tile need not
-    be one block. Large tiles keep many loads in flight, which a bandwidth-bound kernel needs:
-    `scripts/decode_sweep.py` on an H200 found 128-token tiles with 8 warps at 97% of the measured
-    bandwidth (batch 64 x 4096 tokens), against 79% for 64-token tiles with 4 warps. Their 3 stages
-    of K and V tiles need about 192 KiB of shared memory, which Hopper has (227 KiB); other GPUs
-    get 64 (untimed here, the conservative choice). Under the interpreter 16, so that small tests
-    cross many tiles and blocks."""
+    be one block. On an H100/H200 (sm_90) 128 tokens, with `_warps_and_stages`' 8 warps: the best
+    worst case of `scripts/decode_sweep.py`, which timed 18 settings on an H200 twice, at 93-97% of
+    the measured bandwidth at batch 64 x 4096 and 256 x 1024 tokens (64-token tiles with Triton's
+    default 4 warps and 3 stages: 78% at batch 64 x 4096). Other GPUs, where nothing was timed, get
+    64-token tiles, the conservative choice. Under the interpreter 16, so that small tests cross
+    many tiles and blocks."""
     if device.type != "cuda":
         return 16
-    return 128 if _is_hopper_or_later(device) else 64
+    return 128 if _is_hopper(device) else 64
 
 
 def _warps_and_stages(device: torch.device) -> tuple[int, int]:
-    """(num_warps, num_stages) for `_tile_size`'s tiles: on Hopper 8 warps and 3 stages of loads in
-    flight (the sweep's fastest, 95-97% of the bandwidth at batch 64 x 4096 and 256 x 1024); else
-    4 warps and 2 stages, half the shared memory. The interpreter ignores both."""
-    return (8, 3) if _is_hopper_or_later(device) else (4, 2)
+    """(num_warps, num_stages) for `_tile_size`'s tiles: 8 warps and 3 stages of loads in flight on
+    sm_90 (see `_tile_size`), else 4 warps and 2 stages, the sweep's best with 64-token tiles at
+    batch 64 x 4096 and the lighter choice for smaller GPUs. The interpreter ignores both."""
+    return (8, 3) if _is_hopper(device) else (4, 2)
 
 
 def _num_programs_to_fill(device: torch.device) -> int:
