@@ -142,3 +142,21 @@ def test_cuda_graph_batch_sizes():
     assert batch_size_ladder(5) == [1, 2, 4, 5]
     assert batch_size_ladder(40) == [1, 2, 4, 8, 16, 32, 40]
     assert batch_size_ladder(256)[-3:] == [224, 240, 256]
+
+
+def test_prepare_sends_one_flat_batch_with_holes_at_block_zero(tiny_llama):
+    # A sequence whose first blocks were released outside a sliding window (-1) and a shorter one:
+    # the block tables are padded, and holes point at block 0, which attention never reads there.
+    from minivllm.engine.model_runner import ModelRunner
+    from minivllm.engine.sequence import Sequence
+    runner = ModelRunner(model=None, block_size=4, device="cpu")
+    long = Sequence("a", list(range(1, 11)), SamplingParams())
+    long.block_table, long.num_computed_tokens = [-1, -1, 7], 9        # decodes its 10th token
+    short = Sequence("b", [5, 6, 7], SamplingParams())
+    short.block_table = [3]                                             # prefills its 3 tokens
+    input_ids, positions, meta, last = runner.prepare([long, short], [1, 3])
+    assert input_ids.tolist() == [10, 5, 6, 7] and positions.tolist() == [9, 0, 1, 2]
+    assert meta.slot_mapping.tolist() == [7 * 4 + 1, 12, 13, 14]
+    assert meta.block_tables.tolist() == [[0, 0, 7], [3, 0, 0]]
+    assert meta.context_lens.tolist() == [10, 3] and meta.cu_seqlens_q.tolist() == [0, 1, 4]
+    assert meta.num_decodes == 1 and last.tolist() == [0, 3]

@@ -187,7 +187,7 @@ class LLMEngine:
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.eos_token_ids):
             return "stop"
-        if len(seq.output_token_ids) >= seq.params.max_tokens or len(seq) >= self.max_model_len:
+        if seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len:
             return "length"
         return None
 

@@ -8,6 +8,8 @@ captured (`capture_cuda_graphs`).
 """
 from __future__ import annotations
 
+from itertools import chain
+
 import torch
 
 from ..attention import AttentionMetadata, NoCacheMetadata
@@ -38,9 +40,7 @@ class ModelRunner:
             cu_seqlens.append(cu_seqlens[-1] + n)
             context_lens.append(end)
         width = max(len(s.block_table) for s in seqs)
-        # Holes (blocks released outside a sliding window) and padding point at block 0:
-        # attention never reads those positions, so what block 0 holds is never used.
-        block_tables = [b if b >= 0 else 0 for s in seqs for b in s.block_table + [0] * (width - len(s.block_table))]
+        block_tables = list(chain.from_iterable(s.block_table + [0] * (width - len(s.block_table)) for s in seqs))
 
         num_decodes = next((i for i, n in enumerate(num_new_tokens) if n != 1), len(num_new_tokens))
         max_context_len = max(context_lens)
@@ -49,8 +49,11 @@ class ModelRunner:
         # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy
         # is asynchronous), then is cut into views: one transfer per step instead of six.
         fields = [input_ids, positions, slots, cu_seqlens, context_lens, cu_seqlens[1:], block_tables]
-        host = torch.tensor([x for f in fields for x in f], dtype=torch.int64,
+        host = torch.tensor(list(chain.from_iterable(fields)), dtype=torch.int64,
                             pin_memory=self.device.type == "cuda")
+        # Holes in a block table (blocks released outside a sliding window, -1) point at block 0, as
+        # the padding does: attention never reads those positions, so what block 0 holds is never used.
+        host[len(host) - len(block_tables):].clamp_(min=0)
         flat = host.to(self.device, non_blocking=True)
         input_ids, positions, slots, cu_seqlens, context_lens, last, block_tables = flat.split(list(map(len, fields)))
         meta = AttentionMetadata(

@@ -28,6 +28,9 @@ class Sequence:
         self.request_id = request_id
         self.prompt = prompt
         self.token_ids = list(prompt_token_ids)
+        # A copy kept apart: the prompt never changes, and every step's output carries it, so it is
+        # not sliced out of token_ids again and again (O(prompt) per step per sequence).
+        self.prompt_token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.status = SequenceStatus.WAITING
@@ -45,12 +48,12 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[:self.num_prompt_tokens]
-
-    @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
