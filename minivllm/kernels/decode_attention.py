@@ -33,6 +33,7 @@ The torch reference it is tested against is `minivllm.attention.torch_ref.paged_
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -159,6 +160,7 @@ def _reduce_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
+@functools.cache  # asked at every call, at every layer: the answer never changes
 def _is_hopper(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
