@@ -17,11 +17,10 @@ import json
 from unittest import mock
 
 import torch
-import triton.testing
 
 from minivllm import LLM
 from minivllm.bench import roofline
-from minivllm.bench.kernels import _paged_cache
+from minivllm.bench.kernels import _paged_cache, _time_ms
 from minivllm.bench.profile import decode_step_profile
 from minivllm.kernels import decode_attention, paged_decode_attention
 
@@ -52,9 +51,8 @@ def sweep_decode_kernel(results: dict, bandwidth: float) -> None:
             try:
                 with mock.patch.object(decode_attention, "_tile_size", lambda *_: tile), \
                      mock.patch.object(decode_attention, "_warps_and_stages", lambda *_: (warps, stages)):
-                    ms = triton.testing.do_bench(
-                        lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5),
-                        warmup=25, rep=100, return_mode="median")
+                    ms = _time_ms(lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5),
+                                  on_gpu=True)
                 row |= {"ms": ms, "bandwidth_fraction": bytes_moved / (ms * 1e-3) / bandwidth}
                 result = f"{ms:.4f} ms, {row['bandwidth_fraction']:.1%} of bandwidth"
             except Exception as e:  # e.g. more shared memory than the GPU has: Triton's OutOfResources
