@@ -3,10 +3,14 @@
     >>> from minivllm import LLM, SamplingParams
     >>> llm = LLM("smollm2-135m")
     >>> llm.generate("The capital of France is", SamplingParams(temperature=0))[0].outputs[0].text
+
+Online serving: `AsyncLLM` (streams outputs to asyncio code) and `minivllm serve MODEL`
+(an OpenAI-compatible HTTP server).
 """
+from .engine.async_llm import AsyncLLM
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 __version__ = "0.1.0"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -99,13 +99,16 @@ class ModelConfig:
             raise ValueError(f"malformed {path}: {e}") from None
 
 
+DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+               "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def resolve_dtype(dtype: str | torch.dtype, model_config: ModelConfig, device: str = "cpu") -> torch.dtype:
     """Turn the user's dtype choice into a torch dtype. "auto" keeps the checkpoint's dtype on a
     GPU and uses float32 on a CPU (CPUs are slow and inexact in half precision)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-             "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    names = DTYPE_NAMES
     if dtype == "auto":
         if str(device).startswith("cpu"):
             return torch.float32
@@ -145,8 +148,15 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.device is None:
-            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        # Every knob is reachable from the server's command line: each gets a clear message here,
+        # at the door, rather than a failure (or a silent replacement) deep inside the engine.
+        for name in ("block_size", "max_num_seqs", "num_kv_blocks", "max_num_batched_tokens", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.dtype != "auto" and not isinstance(self.dtype, torch.dtype) and self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be one of 'auto', {sorted(DTYPE_NAMES)}; got {self.dtype!r}")
+        self.device = _check_device(self.device)
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
@@ -157,7 +167,32 @@ class EngineConfig:
                 and os.environ.get("TRITON_INTERPRET") != "1"):
             raise ValueError("attention_backend='triton' on a CPU needs Triton's interpreter: set "
                              "TRITON_INTERPRET=1 before triton is first imported")
-        if self.block_size < 1 or self.max_num_seqs < 1:
-            raise ValueError("block_size and max_num_seqs must be >= 1")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+
+def _check_device(device) -> str:
+    """None -> the GPU if there is one; a device that does not exist here -> a clear ValueError."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} but no CUDA GPU is visible here; use device='cpu'")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} GPU(s) are visible")
+    elif parsed.type != "cpu":
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+    return str(device)
+
+
+def engine_config(caller: str, model, engine_args: dict) -> EngineConfig:
+    """EngineConfig from a caller's keywords, with the caller's name in the error for a typo."""
+    names = [f.name for f in fields(EngineConfig) if f.name != "model"]
+    unknown = sorted(set(engine_args) - set(names))
+    if unknown:
+        raise TypeError(f"{caller}() got unknown keyword argument(s) {unknown}; the engine's keywords are {names}")
+    return EngineConfig(model=str(model), **engine_args)

@@ -9,7 +9,8 @@
 """
 from __future__ import annotations
 
-from .config import EngineConfig
+from .chat import encode_chat
+from .config import engine_config
 from .engine.llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
@@ -18,7 +19,7 @@ from .utils import progress
 
 class LLM:
     def __init__(self, model: str, **engine_args):
-        self.llm_engine = LLMEngine(EngineConfig(model=str(model), **engine_args))
+        self.llm_engine = LLMEngine(engine_config("LLM", model, engine_args))
         self._next_id = 0
 
     @property
@@ -58,10 +59,6 @@ class LLM:
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of them, through the
         tokenizer's chat template, with the assistant's turn opened."""
-        tokenizer = self.tokenizer
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError("this model has no tokenizer with a chat template")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [tokenizer.encode(tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True),
-                                    add_special_tokens=False) for c in conversations]
+        prompts = [encode_chat(self.tokenizer, c) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 @dataclass
 class CompletionOutput:
     index: int
-    text: str                  # decoded when the request finishes ("" in the outputs of earlier steps)
+    text: str                  # the answer so far ("" when the model has no tokenizer)
     token_ids: list[int]
     finish_reason: str | None  # "length" | "stop" | "abort" | None while running
 

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -17,8 +18,24 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     seed: int | None = None       # per-request generator: same seed, same tokens
+    stop: list[str] | str | None = None  # strings that end the answer (not included in its text)
 
     def __post_init__(self):
+        # Values arrive from JSON bodies and CLI flags too: a wrong type gets a clear message here,
+        # not a TypeError from a comparison deep in the engine.
+        _check_number("temperature", self.temperature, float)
+        _check_number("top_p", self.top_p, float)
+        _check_number("top_k", self.top_k, int)
+        _check_number("max_tokens", self.max_tokens, int)
+        if self.seed is not None:
+            _check_number("seed", self.seed, int)
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids or []):
+            raise ValueError(f"stop_token_ids must be a list of int, got {self.stop_token_ids!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -32,3 +49,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _check_number(name: str, value, kind: type) -> None:
+    """int for an int field; int or float for a float field; never bool, None or a string."""
+    allowed = (int, float) if kind is float else (int,)
+    if isinstance(value, bool) or not isinstance(value, allowed) or not math.isfinite(value):
+        raise ValueError(f"{name} must be {'a number' if kind is float else 'an integer'}, got {value!r}")

@@ -7,6 +7,8 @@ no tokenizer, work with dummy weights of any shape, and pin the prompt lengths e
 - W1, the seed workload: 60 requests, prompt lengths uniform in [16, 256], 150 output tokens each.
 - W2, nano-vllm's offline benchmark: 256 requests, prompt and output lengths each uniform in [100, 1024],
   drawn exactly as nano-vllm draws them, so its published totals (133,966 output tokens) match.
+- W3, serving the post's 1000 customers: 1000 requests that share one 128-token system prompt, each
+  followed by its own user part of 16 to 256 tokens, 150 output tokens each (``python -m minivllm.bench.serve``).
 
 Run them with ``ignore_eos=True`` so every request produces exactly ``max_tokens`` tokens; otherwise
 random weights stop at random places and the token count is no longer the workload's.
@@ -112,6 +114,34 @@ def w2(
     ]
     max_tokens = [rng.randint(min_len, max_len) for _ in range(num_requests)]
     return Workload("W2", prompts, max_tokens)
+
+
+def w3(
+    vocab_size: int,
+    num_requests: int = 1000,
+    system_len: int = 128,
+    min_user: int = 16,
+    max_user: int = 256,
+    output_len: int = 150,
+    seed: int = 0,
+) -> Workload:
+    """Serving the post's 1000 customers: every prompt is one shared system prompt of ``system_len``
+    tokens followed by that customer's own user part, uniform in [min_user, max_user] tokens;
+    output_len tokens each. The shared prefix is what a prefix cache can reuse across customers.
+
+    Draw order, fixed as in W1: one ``random.Random(seed)``; first the system prompt's ids, then all
+    user lengths (``randint``, both ends included), then the ids of each user part in turn; every id
+    uniform in [min(100, vocab_size // 2), vocab_size).
+    """
+    _check_range("user length", min_user, max_user)
+    if system_len < 0 or output_len < 1:
+        raise ValueError(f"need system_len >= 0 and output_len >= 1, got {system_len} and {output_len}")
+    low = _lowest_token_id(vocab_size)
+    rng = random.Random(seed)
+    system = [rng.randrange(low, vocab_size) for _ in range(system_len)]
+    lengths = [rng.randint(min_user, max_user) for _ in range(num_requests)]
+    prompts = [system + [rng.randrange(low, vocab_size) for _ in range(n)] for n in lengths]
+    return Workload("W3", prompts, [output_len] * num_requests)
 
 
 def base_workload(name: str) -> str:

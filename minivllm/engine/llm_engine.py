@@ -35,6 +35,7 @@ from ..config import EngineConfig, resolve_dtype
 from ..models.loader import build_model, generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
+from .detokenizer import IncrementalDetokenizer
 from .model_runner import ModelRunner
 from .sampler import Sampler
 from .scheduler import Scheduler
@@ -51,6 +52,9 @@ class LLMEngine:
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, cfg, config.device)
         self.max_model_len = config.max_model_len or cfg.max_position_embeddings
+        if self.max_model_len > cfg.max_position_embeddings:  # RoPE tables and the model stop there
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
+                             f"{cfg.max_position_embeddings} positions (max_position_embeddings)")
         folder = None if config.load_format == "dummy" else source.folder
         self.model = build_model(cfg, self.device, self.dtype, self.max_model_len, folder, config.seed)
         self.model.use_backend(config.attention_backend)
@@ -141,14 +145,23 @@ class LLMEngine:
         if need > self.block_manager.num_total_blocks:
             raise ValueError(f"request needs up to {need} KV blocks but the pool has "
                              f"{self.block_manager.num_total_blocks}: it could never run")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         seq = Sequence(request_id, token_ids, params, text, self.device)
+        if self.tokenizer is not None:
+            seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
 
-    def abort_request(self, request_id: str) -> None:
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """End a request wherever it is (waiting, prefilling, decoding); its blocks come back.
+        Returns its last output (finish_reason "abort"), or None for an unknown or finished id."""
         seq = self.requests.pop(request_id, None)
-        if seq is not None:
-            self.scheduler.finish(seq, "abort")
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, "abort")
+        seq.metrics.finished_time = time.perf_counter()
+        return self._output(seq)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.num_unfinished > 0
@@ -176,7 +189,8 @@ class LLMEngine:
             seq.token_ids.append(token)
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
-            reason = self._stop_reason(seq, token)
+            stopped_by_text = seq.detokenizer is not None and seq.detokenizer.add(token)
+            reason = "stop" if stopped_by_text else self._stop_reason(seq, token)
             if reason is not None:
                 seq.metrics.finished_time = now
                 self.scheduler.finish(seq, reason)
@@ -192,12 +206,11 @@ class LLMEngine:
         return None
 
     def _output(self, seq: Sequence) -> RequestOutput:
-        ids = seq.output_token_ids
-        # Text once, when the request finishes: decoding the whole answer again at every step would
-        # cost O(n^2) in its length. A streaming caller reads token_ids as they come.
-        text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer and seq.is_finished else ""
+        # The text grows with every token (incremental detokenization), so a stream can show it.
+        text = seq.detokenizer.text if seq.detokenizer is not None else ""
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids,
-                             [CompletionOutput(0, text, ids, seq.finish_reason)], seq.is_finished, seq.metrics)
+                             [CompletionOutput(0, text, seq.output_token_ids, seq.finish_reason)],
+                             seq.is_finished, seq.metrics)
 
     def get_stats(self) -> dict:
         return {

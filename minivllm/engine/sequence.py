@@ -40,6 +40,7 @@ class Sequence:
         self.num_cached_blocks = 0          # leading blocks already named in the prefix cache
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
+        self.detokenizer = None  # set by the engine when the model has a tokenizer: text grows per token
         self.generator = None
         if params.seed is not None:  # its own random stream: the batch it lands in changes nothing
             self.generator = torch.Generator(device=device).manual_seed(params.seed)

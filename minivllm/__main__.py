@@ -1,0 +1,4 @@
+"""`python -m minivllm serve MODEL`: the same as the `minivllm` command."""
+from .cli import main
+
+main()

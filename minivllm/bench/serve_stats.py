@@ -1,0 +1,127 @@
+"""The arithmetic of the serving benchmark, with no server in sight: when requests arrive, what a
+run's timings add up to, and the highest request rate a server sustains within a latency target.
+
+Offline throughput says how fast a batch job ends; a service is judged by its users, who each wait
+for a first token (TTFT) and then read the stream at some pace (TPOT). So a run is summarized as
+vLLM's ``benchmark_serving.py`` does, plus goodput: the requests per second that met the SLO.
+
+The SLO here is reading speed: a first token within 1 s, then tokens at least as fast as people
+read. 240 words a minute is 4 words/s, about 5.3 tokens/s at ~1.33 tokens per English word, so one
+token every 190 ms; a faster stream is not noticed, a slower one makes the reader wait.
+
+    arrival_times(4, rate=2.0, burstiness=1.0, seed=0)   # [0.0, 0.6..., ...] seconds
+    row = summarize_requests(results, duration_s=12.5, slo=READING_SPEED_SLO)
+    capacity([{"rate": 1.0, **row1}, {"rate": 2.0, **row2}], READING_SPEED_SLO)   # 1.0, 2.0 or None
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from .metrics import _stats
+
+READING_SPEED_SLO = {"ttft_s": 1.0, "tpot_s": 0.19}
+
+
+def arrival_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """When each of n requests is sent, in seconds from the start of the run.
+
+    The first goes at 0, then gaps are drawn from a gamma distribution with shape ``burstiness`` and
+    mean 1/rate, as vLLM does: burstiness 1 gives exponential gaps (a Poisson process, customers who
+    come independently), below 1 burstier, above 1 more regular. rate=inf sends all at once.
+    """
+    if math.isinf(rate):
+        return [0.0] * n
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError(f"need rate > 0 and burstiness > 0, got {rate} and {burstiness}")
+    gaps = np.random.default_rng(seed).gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=max(n - 1, 0))
+    return [0.0] + np.cumsum(gaps).tolist() if n else []
+
+
+def meets_slo(result, slo: dict) -> bool:
+    """A successful request whose TTFT and TPOT are within the SLO (one token: no TPOT to miss)."""
+    if not result.ok or result.ttft_s > slo["ttft_s"]:
+        return False
+    return result.tpot_s is None or result.tpot_s <= slo["tpot_s"]
+
+
+def summarize_requests(results: list, duration_s: float, slo: dict) -> dict:
+    """One rate's numbers, as one flat dict (latencies in seconds, None where nothing was measured).
+
+    ``results`` are ``RequestResult``s; ``duration_s`` is the run's wall time, from its start to the
+    end of its last request. Tokens and latencies count successful requests only; a failed request
+    counts in ``failed``, in ``errors`` (each distinct message with how often it came) and against
+    the SLO. ITL pools every gap of every request, as vLLM does.
+    """
+    if duration_s <= 0:
+        raise ValueError(f"duration must be positive, got {duration_s}")
+    ok = [r for r in results if r.ok]
+    good = sum(meets_slo(r, slo) for r in results)
+    input_tokens = sum(r.prompt_tokens for r in ok)
+    output_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "num_requests": len(results),
+        "successful": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration_s,
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "request_throughput_req_s": len(ok) / duration_s,
+        "output_tok_s": output_tokens / duration_s,
+        "total_tok_s": (input_tokens + output_tokens) / duration_s,
+        "goodput_req_s": good / duration_s,
+        "slo_met_pct": 100.0 * good / len(results) if results else 0.0,
+        **_stats("ttft", [r.ttft_s for r in ok]),
+        **_stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]),
+        **_stats("itl", [gap for r in ok for gap in r.itl_s]),
+        **_stats("e2e", [r.e2e_s for r in ok]),
+        "errors": dict(Counter(r.error for r in results if not r.ok)),
+    }
+
+
+def capacity(rows: list[dict], slo: dict) -> float | None:
+    """The highest finite rate whose requests all succeeded with p99 TTFT and p99 TPOT within the SLO.
+
+    All-at-once (rate "inf") is left out: a burst of N requests is not a sustained rate, and how it
+    fares depends on N. None if no rate qualifies.
+    """
+    def sustained(row):
+        return (row["failed"] == 0 and row["ttft_p99_s"] is not None and row["ttft_p99_s"] <= slo["ttft_s"]
+                and (row["tpot_p99_s"] is None or row["tpot_p99_s"] <= slo["tpot_s"]))
+    rates = [float(row["rate"]) for row in rows if math.isfinite(float(row["rate"])) and sustained(row)]
+    return max(rates, default=None)
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{1e3 * value:.2f}"
+
+
+def format_report(row: dict, label: str) -> str:
+    """One rate's results as vLLM's benchmark_serving prints them (same rows, same layout), plus the
+    failures and the share of requests that met the SLO."""
+    lines = [f"{f' {label} at {row['rate']} req/s ':=^50}"]
+
+    def add(name, value):
+        lines.append(f"{name:<40} {value:<10}")
+
+    add("Successful requests:", row["successful"])
+    add("Failed requests:", row["failed"])
+    add("Benchmark duration (s):", f"{row['duration_s']:.2f}")
+    add("Total input tokens:", row["input_tokens"])
+    add("Total generated tokens:", row["output_tokens"])
+    add("Request throughput (req/s):", f"{row['request_throughput_req_s']:.2f}")
+    add("Request goodput (req/s):", f"{row['goodput_req_s']:.2f}")
+    add("Requests meeting the SLO (%):", f"{row['slo_met_pct']:.1f}")
+    add("Output token throughput (tok/s):", f"{row['output_tok_s']:.2f}")
+    add("Total Token throughput (tok/s):", f"{row['total_tok_s']:.2f}")
+    sections = [("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+                ("itl", "ITL", "Inter-token Latency"), ("e2e", "E2EL", "End-to-end Latency")]
+    for key, short, title in sections:
+        lines.append(f"{title:-^50}")
+        add(f"Mean {short} (ms):", _ms(row[f"{key}_mean_s"]))
+        add(f"Median {short} (ms):", _ms(row[f"{key}_p50_s"]))
+        add(f"P99 {short} (ms):", _ms(row[f"{key}_p99_s"]))
+    lines.append("=" * 50)
+    return "\n".join(lines)

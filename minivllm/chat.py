@@ -1,0 +1,43 @@
+"""Chat messages -> prompt token ids, through the tokenizer's chat template (checked first).
+
+A chat model was trained on conversations laid out in its own format (special tokens around each
+turn); the tokenizer's Jinja chat template writes that format. Messages are checked here, at the
+door: a message without a role would otherwise fail deep inside the template engine.
+"""
+from __future__ import annotations
+
+ROLES = ("system", "user", "assistant")
+
+
+def message_text(message: dict, index: int) -> str:
+    """The text of one message: a string, or OpenAI's list of {"type": "text", "text": ...} parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise ValueError(f"messages[{index}].content must be a string or a list of text parts")
+
+
+def check_messages(messages) -> list[dict]:
+    """[{"role", "content"}, ...] with known roles and text content, as plain {"role", "content"} dicts."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} objects")
+    checked = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
+        if message.get("role") not in ROLES:
+            raise ValueError(f"messages[{i}].role must be one of {ROLES}, got {message.get('role')!r}")
+        checked.append({"role": message["role"], "content": message_text(message, i)})
+    return checked
+
+
+def encode_chat(tokenizer, messages) -> list[int]:
+    """Token ids of a conversation with the assistant's turn opened (ready to generate the answer)."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model has no tokenizer with a chat template: use token-id prompts")
+    text = tokenizer.apply_chat_template(check_messages(messages), tokenize=False, add_generation_prompt=True)
+    # The template already wrote the special tokens (BOS included): adding them again would double them.
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,69 @@
+"""The `minivllm` command: `minivllm serve MODEL [--engine-flags] [--host H --port P]`.
+
+Every keyword of `LLM(...)` is a flag, in kebab case, read off `EngineConfig` itself so the two can
+never drift apart: `--max-model-len 1024 --num-kv-blocks 256 --dtype float32 --device cpu`, and
+switches such as `--enforce-eager` or `--no-enable-prefix-caching`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+from .config import EngineConfig
+
+
+def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        if f.name == "model":
+            continue
+        flag, kind = "--" + f.name.replace("_", "-"), hints[f.name]
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            # `int | None` -> int: the flag's value is parsed, None stays the default.
+            base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+            parser.add_argument(flag, type=base, default=f.default, metavar=base.__name__.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="minivllm", description="minivllm: a small vLLM.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="an OpenAI-compatible HTTP server",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve.add_argument("model", help="an HF-format folder, a hub id, or a preset (smollm2-135m, mistral-7b)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default=None, help="the name clients ask for (default: MODEL)")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _add_engine_flags(serve)
+    return parser
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from .engine.async_llm import AsyncLLM
+    from .server.api_server import build_app
+
+    engine_args = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if f.name != "model"}
+    try:
+        engine = AsyncLLM(args.model, **engine_args)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"minivllm serve: {e}") from None
+    app = build_app(engine, args.served_model_name or args.model)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        serve(args)
+
+
+if __name__ == "__main__":
+    main()

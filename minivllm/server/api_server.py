@@ -1,0 +1,149 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over one `AsyncLLM`.
+
+    POST /v1/completions, /v1/chat/completions   answers, streamed as server-sent events or whole
+    GET  /v1/models, /health, /metrics, /         the model, liveness, Prometheus text, the chat page
+
+Every request is a coroutine on one event loop; the engine steps in its own thread (see
+`AsyncLLM`), so a long forward pass never stops the server from answering. Under overload requests
+simply wait in the scheduler's queue. A client that hangs up aborts its request: for a stream,
+Starlette cancels the response's generator; for a whole answer, a watcher of the connection does.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from importlib import resources
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from ..chat import encode_chat
+from ..engine.async_llm import AsyncLLM, EngineDeadError
+from . import protocol
+from .metrics import ServerMetrics
+from .protocol import APIError
+
+
+def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
+    app = FastAPI(title="minivllm", docs_url=None, redoc_url=None)
+    metrics = ServerMetrics(engine, served_model_name)
+    max_model_len = engine.llm_engine.max_model_len
+    chat_page = resources.files("minivllm.server").joinpath("static/chat.html").read_text()
+
+    @app.exception_handler(APIError)
+    async def api_error(_, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_, e: EngineDeadError):
+        return JSONResponse(APIError(str(e), 503, "server_error").body(), status_code=503)
+
+    @app.get("/health")
+    async def health():
+        if not engine.is_running:
+            return JSONResponse(APIError(f"engine stopped: {engine.error!r}", 503, "server_error").body(), 503)
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served_model_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "minivllm", "max_model_len": max_model_len}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/", response_class=HTMLResponse)
+    async def chat_ui():
+        return chat_page
+
+    async def serve(request: Request, chat: bool):
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(f"invalid JSON body: {e}") from None
+        parsed = protocol.parse_request(body, chat)
+        if body["model"] != served_model_name:
+            raise APIError(f"model {body['model']!r} does not exist; this server has {served_model_name!r}",
+                           404, "not_found_error")
+        try:
+            prompt = encode_chat(engine.tokenizer, parsed.prompt) if chat else parsed.prompt
+            if chat and not parsed.max_tokens_given:  # as vLLM: the answer may fill the context
+                parsed.params.max_tokens = max(1, max_model_len - len(prompt))
+            request_id = protocol.new_id(chat)
+            stream = await engine.add_request(request_id, prompt, parsed.params)
+        except ValueError as e:  # bad messages, over-long prompt, ids outside the vocabulary ...
+            raise APIError(str(e)) from None
+        if parsed.stream:
+            return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage),
+                                     media_type="text/event-stream", background=BackgroundTask(stream.close))
+        final = await _unless_disconnected(request, _last(stream))
+        stream.close()
+        if final is None:  # the client is gone: nobody reads this response
+            return Response(status_code=499)
+        text = final.outputs[0].text
+        return protocol.response(request_id, served_model_name, chat,
+                                 [protocol.choice(chat, text, final.outputs[0].finish_reason, delta=False)],
+                                 False, protocol.usage(len(final.prompt_token_ids), len(final.outputs[0].token_ids)))
+
+    async def _last(stream):
+        last = None
+        async for out in stream:
+            metrics.on_output(out, last)
+            last = out
+        metrics.on_finished(last)
+        return last
+
+    async def _sse(stream, request_id: str, chat: bool, include_usage: bool):
+        """Server-sent events: one chunk per engine step with the new text, then usage, then [DONE]."""
+        def event(choices, usage=None):
+            body = protocol.response(request_id, served_model_name, chat, choices, True, usage)
+            if include_usage and usage is None:
+                body["usage"] = None  # OpenAI's shape: null on every chunk but the last
+            return f"data: {json.dumps(body)}\n\n"
+
+        try:
+            if chat:  # OpenAI's streams open with the role
+                yield event([protocol.choice(chat, "", None, delta=True, first=True)])
+            sent_text, last = "", None
+            async for out in stream:
+                metrics.on_output(out, last)
+                last, text = out, out.outputs[0].text
+                reason = out.outputs[0].finish_reason if out.finished else None
+                yield event([protocol.choice(chat, text[len(sent_text):], reason, delta=True)])
+                sent_text = text
+            metrics.on_finished(last)
+            if include_usage:
+                yield event([], protocol.usage(len(last.prompt_token_ids), len(last.outputs[0].token_ids)))
+            yield "data: [DONE]\n\n"
+        except EngineDeadError as e:
+            yield f"data: {json.dumps(APIError(str(e), 503, 'server_error').body())}\n\n"
+        finally:
+            stream.close()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await serve(request, chat=True)
+
+    return app
+
+
+async def _unless_disconnected(request: Request, work):
+    """Run `work`; if the client hangs up first, cancel it and return None."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    return None

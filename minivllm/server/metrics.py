@@ -1,0 +1,69 @@
+"""Prometheus metrics at `/metrics`, under vLLM's names with the `minivllm:` prefix.
+
+Gauges are read from the engine when Prometheus (or the chat page) asks, so they are never stale;
+counters and histograms are fed by the request handlers as answers stream. Times come from the
+engine's own timestamps (`RequestOutput.metrics`, the `time.perf_counter` clock).
+
+    minivllm:num_requests_running / _waiting      gauges
+    minivllm:kv_cache_usage_perc                  gauge, 0..1 (blocks held only by the prefix cache count as free)
+    minivllm:prompt_tokens_total, generation_tokens_total, num_preemptions_total      counters
+    minivllm:time_to_first_token_seconds, time_per_output_token_seconds,
+    minivllm:e2e_request_latency_seconds          histograms, one sample per finished request
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+disable_created_metrics()  # no `_created` timestamp series beside each counter: vLLM omits them too
+
+# Buckets around the reading-speed SLO (TTFT <= 1 s, TPOT <= 190 ms), as vLLM's are around its own.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.19, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
+
+
+class ServerMetrics:
+    def __init__(self, engine, model_name: str):
+        self.engine = engine
+        self.registry = registry = CollectorRegistry()  # one per server: tests start several in a process
+        labels = {"model_name": model_name}
+
+        def make(cls, name, doc, **kw):
+            return cls(f"minivllm:{name}", doc, labelnames=list(labels), registry=registry, **kw).labels(**labels)
+
+        self.running = make(Gauge, "num_requests_running", "Requests in the running batch.")
+        self.waiting = make(Gauge, "num_requests_waiting", "Requests queued, not yet scheduled.")
+        self.kv_usage = make(Gauge, "kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).")
+        self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of the requests accepted.")
+        self.generation_tokens = make(Counter, "generation_tokens", "Tokens generated.")
+        self.preemptions = make(Counter, "num_preemptions", "Sequences preempted (recomputed later).")
+        self.ttft = make(Histogram, "time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS)
+        self.tpot = make(Histogram, "time_per_output_token_seconds", "Mean time between output tokens of a request.",
+                         buckets=TPOT_BUCKETS)
+        self.e2e = make(Histogram, "e2e_request_latency_seconds", "Arrival to last token.", buckets=E2E_BUCKETS)
+        self._preemptions_seen = 0
+
+    def on_output(self, out, previous) -> None:
+        """One more output of a request (`previous` is the one before it, None for its first)."""
+        if previous is None:
+            self.prompt_tokens.inc(len(out.prompt_token_ids))
+        done_before = 0 if previous is None else len(previous.outputs[0].token_ids)
+        self.generation_tokens.inc(len(out.outputs[0].token_ids) - done_before)
+
+    def on_finished(self, out) -> None:
+        """A request's last output: its latencies go into the histograms."""
+        m, n = out.metrics, len(out.outputs[0].token_ids)
+        if m.first_token_time is not None:
+            self.ttft.observe(m.first_token_time - m.arrival_time)
+            if n > 1:
+                self.tpot.observe((m.finished_time - m.first_token_time) / (n - 1))
+        self.e2e.observe(m.finished_time - m.arrival_time)
+
+    def render(self) -> bytes:
+        stats = self.engine.get_stats()
+        self.running.set(stats["num_running"])
+        self.waiting.set(stats["num_waiting"])
+        self.kv_usage.set(1 - stats["num_free_blocks"] / stats["num_total_blocks"])
+        self.preemptions.inc(stats["num_preemptions"] - self._preemptions_seen)
+        self._preemptions_seen = stats["num_preemptions"]
+        return generate_latest(self.registry)
