@@ -1,0 +1,64 @@
+"""Incremental detokenization and stop strings, with the real SmolLM2 tokenizer."""
+import random
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.detokenizer import IncrementalDetokenizer
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("smollm2-135m", max_model_len=256, num_kv_blocks=64)
+
+
+def test_incremental_text_equals_the_whole_decode(llm):
+    tok = llm.tokenizer
+    rng = random.Random()
+    seed = rng.randrange(10**6)
+    rng.seed(seed)
+    text = "Héllo wörld! 你好，世界 🙂🚀 café\n\tdef f(x): return x**2  # ok"
+    ids = tok.encode(text)
+    for trial in range(20):
+        # real text cut at random places, then random ids (byte fallbacks, half characters, specials)
+        out = ids[rng.randrange(len(ids)):] + [rng.randrange(tok.vocab_size) for _ in range(rng.randint(0, 30))]
+        prompt = [rng.randrange(tok.vocab_size) for _ in range(rng.randint(1, 8))]
+        detok = IncrementalDetokenizer(tok, prompt)
+        for t in out:
+            detok.add(t)
+        full = tok.decode(out, skip_special_tokens=True)
+        # A trailing half character waits for its next byte; everything before it is exact.
+        assert detok.text == full.rstrip("\ufffd") or detok.text == full, (seed, trial)
+
+
+def test_step_outputs_carry_growing_text(llm):
+    engine = llm.llm_engine
+    engine.add_request("t", "The capital of France is", SamplingParams(temperature=0, max_tokens=12))
+    texts = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            texts.append(out.outputs[0].text)
+            assert out.outputs[0].text == llm.tokenizer.decode(out.outputs[0].token_ids, skip_special_tokens=True)
+    assert len(set(texts)) > 3 and all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+
+
+def test_stop_strings_end_the_answer_before_them(llm):
+    free = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=12))[0].outputs[0]
+    assert "." in free.text  # " Paris. ..." on this model
+    stop = free.text[free.text.index("."):free.text.index(".") + 1]
+    out = llm.generate("The capital of France is",
+                       SamplingParams(temperature=0, max_tokens=12, stop=[stop, "never appears"]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.text == free.text[:free.text.index(".")]
+    assert len(out.token_ids) < len(free.token_ids)
+
+
+def test_stop_string_across_tokens(llm):
+    tok = llm.tokenizer
+    detok = IncrementalDetokenizer(tok, [1], stop=["lo wor"])
+    ids = tok.encode("Hello world and more")
+    hits = [detok.add(t) for t in ids]
+    assert hits.index(True) < len(ids) - 1  # the engine stops at the first hit
+    detok = IncrementalDetokenizer(tok, [1], stop=["lo wor"])
+    for t in ids[:hits.index(True) + 1]:
+        detok.add(t)
+    assert detok.text == "Hel"
