@@ -29,7 +29,7 @@ class RequestResult:
     ok: bool = False
     output_tokens: int = 0
     ttft_s: float | None = None
-    itl_s: list[float] = field(default_factory=list)  # gaps between content chunks after the first
+    itl_s: list[float] = field(default_factory=list)  # gaps between the chunks that carried tokens
     e2e_s: float | None = None
     error: str | None = None
 
@@ -76,14 +76,19 @@ def parse_sse_line(line: str):
     return json.loads(data)
 
 
-def chunk_text(chunk: dict) -> str:
-    """The text a chunk adds: ``choices[0].text`` (completions) or ``choices[0].delta.content`` (chat).
-    Empty for the usage-only chunk and for chat's opening ``{"role": "assistant"}`` chunk."""
+def carries_tokens(chunk: dict) -> bool:
+    """Whether a chunk reports newly generated tokens.
+
+    Completions: every chunk with a choice is one engine step's output, even when its text is empty
+    (bytes of an unfinished character held back, or a model served without a tokenizer); vLLM's
+    client counts them the same way. Chat: only a delta with content, since chat streams open with
+    an empty ``{"role": "assistant"}`` chunk sent before any work, and some close with an empty one.
+    The usage chunk has no choices.
+    """
     choices = chunk.get("choices") or []
     if not choices:
-        return ""
-    choice = choices[0]
-    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+        return False
+    return "text" in choices[0] or bool((choices[0].get("delta") or {}).get("content"))
 
 
 def chunk_completion_tokens(chunk: dict) -> int | None:
@@ -95,7 +100,7 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict, promp
     """POST one streaming request and time it. Never raises: a failure is a result with its error,
     so one bad request cannot end a run of a thousand."""
     result = RequestResult(prompt_tokens)
-    content_chunks, usage_tokens, last = 0, None, None
+    token_chunks, usage_tokens, last = 0, None, None
     start = time.perf_counter()
     try:
         async with client.stream("POST", url, json=payload) as response:
@@ -111,26 +116,26 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict, promp
                 if event == DONE:
                     end = now
                     break
-                if "error" in event:
+                if event.get("error"):
                     raise RuntimeError(f"error chunk: {event['error']}")
-                if chunk_text(event):
+                if carries_tokens(event):
                     if result.ttft_s is None:
                         result.ttft_s = now - start
                     else:
                         result.itl_s.append(now - last)
                     last = now
-                    content_chunks += 1
+                    token_chunks += 1
                 usage_tokens = chunk_completion_tokens(event) or usage_tokens
         if end is None:
             raise RuntimeError("stream ended before data: [DONE]")
-        if content_chunks == 0:
-            raise RuntimeError("no chunk carried any text")
+        if token_chunks == 0:
+            raise RuntimeError("no chunk carried a token")
     except Exception as error:  # noqa: BLE001 - one request's failure is a result, its message kept
         result.error = f"{type(error).__name__}: {error}"
         return result
     result.e2e_s = end - start
-    # The usage counts tokens; chunks undercount when a server holds back text (an incomplete UTF-8
-    # character, a word not yet finished) or sends several tokens in one chunk.
-    result.output_tokens = usage_tokens or content_chunks
+    # The usage counts tokens; chunks miscount when a server sends several tokens in one chunk, or in
+    # chat holds back text that is not whole yet.
+    result.output_tokens = usage_tokens or token_chunks
     result.ok = True
     return result

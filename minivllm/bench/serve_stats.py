@@ -101,10 +101,11 @@ def _ms(value) -> str:
 def format_report(row: dict, label: str) -> str:
     """One rate's results as vLLM's benchmark_serving prints them (same rows, same layout), plus the
     failures and the share of requests that met the SLO."""
-    lines = [f"{f' {label} at {row['rate']} req/s ':=^50}"]
+    title = f" {label} at {row['rate']} req/s "
+    lines = [f"{title:=^50}"]
 
     def add(name, value):
-        lines.append(f"{name:<40} {value:<10}")
+        lines.append(f"{name:<40} {value}")
 
     add("Successful requests:", row["successful"])
     add("Failed requests:", row["failed"])

@@ -1,0 +1,180 @@
+"""The serving benchmark: load-test any OpenAI-compatible server with W3 at a sweep of request rates.
+
+    python -m minivllm.bench.serve --label minivllm --request-rate 1,2,4,8,inf     # against :8000
+    python -m minivllm.bench.serve --endpoint chat --label transformers --extra-body '{"ignore_eos": true}'
+    python -m minivllm.bench.serve --smoke                                          # 8 tiny requests
+    python -m minivllm.bench.serve plot a.json b.json --out figures/13_serving.png  # servers side by side
+
+Offline throughput is a batch job's number; a service is judged at a request rate, by how long each
+user waits. So requests are sent as customers come (Poisson arrivals, or all at once), streamed,
+and timed on the client, as vLLM's ``benchmarks/benchmark_serving.py`` does, in one small client
+that any server can be measured with. Each rate prints vLLM's table; the JSON keeps every rate, and
+the capacity: the highest rate served within the reading-speed SLO (see ``serve_stats``).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from ..utils import progress
+from .metrics import format_table, hardware_name, save_json
+from .serve_client import ENDPOINTS, chat_payload, completions_payload, send_request
+from .serve_plot import plot_serving
+from .serve_stats import READING_SPEED_SLO, arrival_times, capacity, format_report, summarize_requests
+from .workloads import w3
+
+# W3's sizes spelled out, so that the JSON records them; --num-prompts sets the number of requests.
+SIZES = dict(system_len=128, min_user=16, max_user=256, output_len=150)
+SMOKE_SIZES = dict(num_requests=8, system_len=16, min_user=4, max_user=16, output_len=8)
+SUMMARY_COLUMNS = ["rate", "successful", "failed", "request_throughput_req_s", "output_tok_s", "ttft_p50_s",
+                   "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "goodput_req_s", "slo_met_pct"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m minivllm.bench.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default=None, help="default: the first model of GET /v1/models")
+    p.add_argument("--endpoint", choices=list(ENDPOINTS), default="completions",
+                   help="completions: prompts as token ids; chat: a system and a user message, as text")
+    p.add_argument("--text-format", default="w{id}", help="chat: how a token id is written ({id}), joined by spaces")
+    p.add_argument("--extra-body", default="{}", help="JSON fields added to every request")
+    p.add_argument("--request-rate", default=None, help="requests/s, a comma-separated sweep; inf = all at once "
+                                                        "(default 1,2,4,8,inf; 4,inf with --smoke)")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 is Poisson")
+    p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)")
+    p.add_argument("--num-prompts", type=int, default=1000)
+    p.add_argument("--vocab-size", type=int, default=32000,
+                   help="token ids are drawn below it: at most the model's vocabulary (Llama-2, Mistral: 32000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may wait for its next bytes")
+    p.add_argument("--label", default=None, help="the server's name in tables and plots (default: the base URL)")
+    p.add_argument("--hardware", default=None, help="what the server runs on (default: this machine's GPU or CPU)")
+    p.add_argument("--out", default=None, help="JSON path (default bench-results/serve.json, serve-smoke.json)")
+    p.add_argument("--plot", default=None, help="PNG path (default: beside the JSON)")
+    p.add_argument("--smoke", action="store_true", help=f"tiny sizes ({SMOKE_SIZES}), no progress bar")
+    return p.parse_args(argv)
+
+
+def w3_sizes(args) -> dict:
+    return dict(SMOKE_SIZES) if args.smoke else dict(SIZES, num_requests=args.num_prompts)
+
+
+def make_requests(args, model: str, work, system_len: int) -> list[tuple[dict, int]]:
+    """(payload, prompt tokens) of each prompt of the workload, for the chosen endpoint."""
+    extra = json.loads(args.extra_body)
+    if args.endpoint == "completions":
+        payloads = [completions_payload(model, p, n, extra) for p, n in zip(work.prompts, work.max_tokens)]
+    else:  # W3's prompts all start with the system prompt, so the split is at system_len
+        payloads = [chat_payload(model, p[:system_len], p[system_len:], n, args.text_format, extra)
+                    for p, n in zip(work.prompts, work.max_tokens)]
+    return [(payload, len(p)) for payload, p in zip(payloads, work.prompts)]
+
+
+async def run_rate(client, url: str, requests: list[tuple[dict, int]], arrivals: list[float],
+                   max_concurrency: int | None, progress_desc: str | None):
+    """Send each request at its arrival time; return the results (in request order) and the wall time.
+    A progress bar counts finished requests unless ``progress_desc`` is None."""
+    # The semaphore models a client with a fixed pool of workers; a request waiting for it is timed
+    # from when it is sent, as in vLLM, since that wait is the client's, not the server's.
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+    bar = progress(total=len(requests), desc=progress_desc, enabled=progress_desc is not None)
+
+    async def one(i):
+        await asyncio.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
+        async with limit:
+            result = await send_request(client, url, *requests[i])
+        bar.update(1)
+        return result
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(len(requests))))
+    duration = time.perf_counter() - start
+    bar.close()
+    return results, duration
+
+
+def raise_open_file_limit() -> None:
+    # One connection per request in flight: at rate inf that is all of them, and the usual soft limit
+    # of 1024 open files would fail requests in the client, not in the server.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+async def benchmark(args) -> dict:
+    """The whole sweep against one server; returns what goes into the JSON."""
+    rates = [float(r) for r in (args.request_rate or ("4,inf" if args.smoke else "1,2,4,8,inf")).split(",")]
+    sizes = w3_sizes(args)
+    url = args.base_url.rstrip("/") + ENDPOINTS[args.endpoint]
+    # No pool limit: the semaphore, not httpx's pool, decides how many requests are in flight; a pool
+    # limit would queue requests inside the client after their clocks started.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=args.timeout) as client:
+        model = args.model or (await client.get(args.base_url.rstrip("/") + "/v1/models")).json()["data"][0]["id"]
+        label = args.label or args.base_url
+        # One request first: it checks the server takes our requests before a thousand fail, and pays
+        # one-time costs (compilation, CUDA graphs) outside the timing. Its seed is used by no rate.
+        first = w3(args.vocab_size, seed=args.seed - 1, **dict(sizes, num_requests=1))
+        warmup = await send_request(client, url, *make_requests(args, model, first, sizes["system_len"])[0])
+        if not warmup.ok:
+            raise SystemExit(f"the warm-up request to {url} failed: {warmup.error}")
+        rows = []
+        for i, rate in enumerate(rates):
+            # Fresh prompts at each rate (seed + i): the same prompts again would find the previous
+            # rate's KV blocks in the server's prefix cache and flatter its TTFT.
+            work = w3(args.vocab_size, seed=args.seed + i, **sizes)
+            arrivals = arrival_times(len(work.prompts), rate, args.burstiness, args.seed)
+            requests = make_requests(args, model, work, sizes["system_len"])
+            results, duration = await run_rate(client, url, requests, arrivals, args.max_concurrency,
+                                               progress_desc=None if args.smoke else f"{rate:g} req/s")
+            row = {"rate": rate if math.isfinite(rate) else "inf", "workload_seed": args.seed + i,
+                   **summarize_requests(results, duration, READING_SPEED_SLO)}
+            print(format_report(row, label), flush=True)
+            for error, count in list(row["errors"].items())[:3]:
+                print(f"  failed ({count}x): {error}")
+            rows.append(row)
+    workload = {"name": "W3", **sizes, "vocab_size": args.vocab_size, "seed": args.seed, "burstiness": args.burstiness,
+                "max_concurrency": args.max_concurrency, "extra_body": json.loads(args.extra_body),
+                "text_format": args.text_format}
+    return {"label": label, "base_url": args.base_url, "model": model, "endpoint": args.endpoint,
+            "workload": workload, "slo": READING_SPEED_SLO, "hardware": args.hardware or hardware_name(),
+            "rates": rows, "capacity_req_s": capacity(rows, READING_SPEED_SLO)}
+
+
+def plot_main(argv) -> None:
+    p = argparse.ArgumentParser(prog="python -m minivllm.bench.serve plot",
+                                description="TTFT and TPOT vs request rate of several servers, on one figure")
+    p.add_argument("results", nargs="+", help="JSON files written by the benchmark")
+    p.add_argument("--out", required=True, help="PNG path")
+    args = p.parse_args(argv)
+    print(f"plot: {plot_serving([json.loads(Path(f).read_text()) for f in args.results], args.out)}")
+
+
+def main(argv=None) -> None:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["plot"]:
+        return plot_main(argv[1:])
+    args = parse_args(argv)
+    raise_open_file_limit()
+    result = asyncio.run(benchmark(args))
+    print(format_table(result["rates"], SUMMARY_COLUMNS))
+    print(f"capacity within the SLO (TTFT <= {READING_SPEED_SLO['ttft_s']} s, TPOT <= "
+          f"{READING_SPEED_SLO['tpot_s'] * 1e3:.0f} ms at p99): {result['capacity_req_s']} req/s")
+    out = Path(args.out or f"bench-results/serve{'-smoke' if args.smoke else ''}.json")
+    save_json(out, result)
+    plot = plot_serving([result], args.plot or str(out.with_suffix(".png")))
+    print(f"results: {out}, plot: {plot}")
+
+
+if __name__ == "__main__":
+    main()
