@@ -149,6 +149,9 @@ def test_send_request_times_the_chunks_and_counts_tokens_from_the_usage():
     assert 0 <= result.ttft_s <= result.e2e_s and result.tpot_s == pytest.approx((result.e2e_s - result.ttft_s) / 3)
     # without a usage chunk, each chunk that carried tokens counts as one
     assert _send(lambda request: httpx.Response(200, content=_sse(_text("x"), _text("y"), "[DONE]"))).output_tokens == 2
+    # transformers serve ends with a finish_reason chunk and closes the stream, with no [DONE]
+    last = {"choices": [{"index": 0, "text": "z", "finish_reason": "length"}], "usage": {"completion_tokens": 3}}
+    assert _send(lambda request: httpx.Response(200, content=_sse(_text("x"), _text("y"), last))).output_tokens == 3
 
 
 def test_send_request_turns_every_failure_into_a_failed_result():

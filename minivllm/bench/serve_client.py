@@ -107,7 +107,7 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict, promp
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")
                 raise RuntimeError(f"HTTP {response.status_code}: {body[:300]}")
-            end = None
+            end = finished_at = None
             async for line in response.aiter_lines():
                 now = time.perf_counter()  # the moment the line arrived, before any work on it
                 event = parse_sse_line(line)
@@ -126,8 +126,12 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict, promp
                     last = now
                     token_chunks += 1
                 usage_tokens = chunk_completion_tokens(event) or usage_tokens
+                if any(c.get("finish_reason") for c in event.get("choices") or []) or finished_at is not None:
+                    finished_at = now  # the finishing chunk, or the usage chunk after it
+        # Some servers (transformers serve) close the stream after the finishing chunk, with no [DONE].
+        end = end if end is not None else finished_at
         if end is None:
-            raise RuntimeError("stream ended before data: [DONE]")
+            raise RuntimeError("stream ended before data: [DONE] or a finish_reason")
         if token_chunks == 0:
             raise RuntimeError("no chunk carried a token")
     except Exception as error:  # noqa: BLE001 - one request's failure is a result, its message kept
