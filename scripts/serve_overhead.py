@@ -1,0 +1,43 @@
+"""Where a served step's time goes: W3 with every request at t=0, the same engine three ways, one process.
+
+1. offline, token ids only (no tokenizer: no text is made);
+2. offline, with the word tokenizer (the engine detokenizes every token, as a server needs);
+3. served: read from figures/13_serving_minivllm.json's "inf" row (notebook 13), for comparison.
+Usage on the GPU machine: python scripts/serve_overhead.py --out gpu-out/serve_overhead.json
+"""
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.bench.metrics import hardware_name, save_json
+from minivllm.bench.word_model import write_word_model
+from minivllm.bench.workloads import w3
+from minivllm.models.presets import MISTRAL_7B_CONFIG
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", default="bench-results/serve_overhead.json")
+parser.add_argument("--num-requests", type=int, default=1000)
+args = parser.parse_args()
+work = w3(32000, num_requests=args.num_requests)
+params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.max_tokens]
+folder = write_word_model(tempfile.mkdtemp(), MISTRAL_7B_CONFIG)
+rows = []
+for label, model in [("offline, token ids only", "mistral-7b"), ("offline, detokenizing", str(folder))]:
+    llm = LLM(model, load_format="dummy", max_model_len=4096)
+    llm.generate(work.prompts[:8], params[:8], use_tqdm=False)  # warm-up: kernels compiled, graphs replayed
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    outs = llm.generate(work.prompts, params, use_tqdm=False)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    rows.append({"engine": label, "workload": "W3 offline", "output_tok_s": tokens / wall, "wall_s": wall})
+    print(rows[-1], flush=True)
+    del llm
+    torch.cuda.empty_cache()
+save_json(args.out, {"hardware": hardware_name(), "model": "Mistral-7B-Instruct shape, bf16, random weights",
+                     "rows": rows})
