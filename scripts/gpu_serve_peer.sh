@@ -31,4 +31,6 @@ python3 -m minivllm.bench.serve --base-url http://127.0.0.1:$PORT --endpoint cha
   --label "transformers serve" --request-rate "$RATES" --num-prompts "$PROMPTS" --vocab-size 32000 --timeout 1200 \
   --hardware "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), Mistral-7B-Instruct shape, bf16, random weights" \
   --out "$OUT/13_serving_transformers.json" 2>&1 | tee "$OUT/peer_bench.log"
-kill -INT $server; wait $server
+# transformers serve took minutes to exit after SIGINT once: give it 20 s, then kill it.
+kill -INT $server; for i in $(seq 20); do kill -0 $server 2>/dev/null || break; sleep 1; done
+kill -9 $server 2>/dev/null; wait $server 2>/dev/null
