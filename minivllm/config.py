@@ -125,7 +125,7 @@ def resolve_dtype(dtype: str | torch.dtype, model_config: ModelConfig, device: s
 
 @dataclass
 class EngineConfig:
-    """The knobs of `LLM(...)`; see DESIGN.md for what each one means."""
+    """The knobs of `LLM(...)`, each a `--kebab-case` flag of `minivllm serve`; README.md says what each one means."""
     model: str
     dtype: str = "auto"
     device: str | None = None

@@ -28,7 +28,7 @@ import torch
 
 from minivllm.bench.metrics import cuda_time_ms, median
 
-# Measured on the project's H200 on 2026-11-29 (shared/DESIGN.md): device-to-device copy,
+# Measured on the project's H200 on 2026-11-29: device-to-device copy,
 # bytes read + written, and a bf16 8192^3 matmul. Measured, not datasheet, numbers: real kernels
 # don't reach the datasheet's 4.8 TB/s and 989 TFLOP/s, and a roofline should be reachable.
 H200_BANDWIDTH_BPS = 4.28e12
