@@ -108,19 +108,16 @@ def resolve_dtype(dtype: str | torch.dtype, model_config: ModelConfig, device: s
     GPU and uses float32 on a CPU (CPUs are slow and inexact in half precision)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = DTYPE_NAMES
     if dtype == "auto":
         if str(device).startswith("cpu"):
             return torch.float32
-        chosen = names.get(model_config.torch_dtype.replace("torch.", ""), torch.float32)
+        chosen = DTYPE_NAMES.get(model_config.torch_dtype.replace("torch.", ""), torch.float32)
         # Before Ampere (sm_80) there is no bf16 in hardware, e.g. Colab's T4 (sm_75): torch would
         # emulate it and Triton's tl.dot refuses it.
         if chosen == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] < 8:
             chosen = torch.float16
         return chosen
-    if dtype not in names:
-        raise ValueError(f"dtype must be one of 'auto', {sorted(names)}; got {dtype!r}")
-    return names[dtype]
+    return DTYPE_NAMES[dtype]  # a name EngineConfig has already checked
 
 
 @dataclass
