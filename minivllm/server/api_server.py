@@ -37,13 +37,13 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(EngineDeadError)
-    async def engine_dead(_, e: EngineDeadError):
-        return JSONResponse(APIError(str(e), 503, "server_error").body(), status_code=503)
+    async def engine_dead(request, e: EngineDeadError):
+        return await api_error(request, _engine_stopped(e))
 
     @app.get("/health")
     async def health():
         if not engine.is_running:
-            return JSONResponse(APIError(f"engine stopped: {engine.error!r}", 503, "server_error").body(), 503)
+            raise _engine_stopped(f"engine stopped: {engine.error!r}")
         return Response(status_code=200)
 
     @app.get("/v1/models")
@@ -119,7 +119,7 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
                 yield event([], protocol.usage(len(last.prompt_token_ids), len(last.outputs[0].token_ids)))
             yield "data: [DONE]\n\n"
         except EngineDeadError as e:
-            yield f"data: {json.dumps(APIError(str(e), 503, 'server_error').body())}\n\n"
+            yield f"data: {json.dumps(_engine_stopped(e).body())}\n\n"
         finally:
             stream.close()
 
@@ -132,6 +132,10 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         return await serve(request, chat=True)
 
     return app
+
+
+def _engine_stopped(reason) -> APIError:
+    return APIError(str(reason), 503, "server_error")
 
 
 async def _unless_disconnected(request: Request, work):

@@ -38,12 +38,15 @@ class ParsedRequest:
     max_tokens_given: bool         # chat without max_tokens: the answer may fill the context
 
 
+def _or(value, default):
+    return default if value is None else value
+
+
 def _get(body: dict, name: str, kind, default=None):
+    """A field that is not a sampling value (n, stream, ...): its type checked here."""
     value = body.get(name, default)
     if value is None:
         return default
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise APIError(f"'{name}' must be of type {kind.__name__}, got {value!r}")
     return value
@@ -60,18 +63,18 @@ def parse_request(body, chat: bool) -> ParsedRequest:
     prompt = body[key] if chat else _completion_prompt(body[key])
     if _get(body, "n", int, 1) != 1:
         raise APIError("only n=1 is supported")
-    max_tokens = _get(body, "max_tokens", int)
+    max_tokens = body.get("max_tokens")
     if chat and max_tokens is None:
-        max_tokens = _get(body, "max_completion_tokens", int)
+        max_tokens = body.get("max_completion_tokens")
     stream_options = _get(body, "stream_options", dict, {})
-    try:
+    try:  # SamplingParams checks the sampling values' types and ranges; null means "the default"
         params = SamplingParams(
-            temperature=_get(body, "temperature", float, 1.0),
-            top_p=_get(body, "top_p", float, 1.0),
-            top_k=_get(body, "top_k", int, -1),
-            max_tokens=16 if max_tokens is None else max_tokens,  # OpenAI's default for completions
+            temperature=_or(body.get("temperature"), 1.0),
+            top_p=_or(body.get("top_p"), 1.0),
+            top_k=_or(body.get("top_k"), -1),
+            max_tokens=_or(max_tokens, 16),  # OpenAI's default for completions
             ignore_eos=_get(body, "ignore_eos", bool, False),
-            seed=_get(body, "seed", int),
+            seed=body.get("seed"),
             stop=body.get("stop"),
         )
     except ValueError as e:
