@@ -27,11 +27,15 @@ def _points(result: dict, key: str) -> tuple[list[float], list[float]]:
 def plot_serving(results: list[dict], path: str) -> str:
     """One figure of several benchmark JSONs (dicts), one panel per metric; returns ``path``."""
     rates = sorted({x for result in results for x in _points(result, "ttft_p50_s")[0]})
+    counts = {r["workload"]["num_requests"] for r in results}
+    # Servers measured with different numbers of requests say so in the legend, not in one shared title.
+    labels = [r["label"] if len(counts) == 1 else f"{r['label']} ({r['workload']['num_requests']} requests per rate)"
+              for r in results]
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
     for ax, (key, title, slo_key) in zip(axes.flat, PANELS):
-        for result, (color, linestyle, marker) in zip(results, STYLES * len(results)):
+        for result, label, (color, linestyle, marker) in zip(results, labels, STYLES * len(results)):
             x, y = _points(result, key)
-            ax.plot(x, y, color=color, linestyle=linestyle, marker=marker, label=result["label"])
+            ax.plot(x, y, color=color, linestyle=linestyle, marker=marker, label=label)
         slo_ms = 1e3 * results[0]["slo"][slo_key]
         ax.axhline(slo_ms, color="black", linewidth=1, alpha=0.6, label="SLO (reading speed)")
         # Log scales: rates are swept in doublings, and past capacity the latency grows by orders of magnitude.
@@ -46,12 +50,12 @@ def plot_serving(results: list[dict], path: str) -> str:
         ax.set_xlabel("request rate (requests / s)")
     # One legend under the panels, outside every plot area, so it never covers a point.
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=9)
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(labels), 2), fontsize=9)
     hardware = " / ".join(dict.fromkeys(r.get("hardware", "?") for r in results))
     work = results[0]["workload"]
     arrivals = "Poisson" if work["burstiness"] == 1 else f"gamma, burstiness {work['burstiness']}"
-    fig.suptitle(f"Serving {work['name']} ({work['num_requests']} requests, {arrivals} arrivals) on {hardware}",
-                 fontsize=11)
+    requests = f"{work['num_requests']} requests, " if len(counts) == 1 else ""
+    fig.suptitle(f"Serving {work['name']} ({requests}{arrivals} arrivals) on {hardware}", fontsize=11)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120, bbox_inches="tight")
