@@ -142,6 +142,9 @@ class EngineConfig:
     enable_continuous_batching: bool = True
     attention_backend: str = "auto"
     enforce_eager: bool = False
+    # Overlap the CPU and the GPU (vLLM's async scheduling): the CPU schedules and prepares step
+    # n+1 while the GPU runs step n. False runs them one after the other (the ablation).
+    async_scheduling: bool = True
     seed: int = 0
 
     def __post_init__(self):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minivllm.attention import AttentionMetadata
-from minivllm.attention.torch_ref import paged_attention
+from minivllm.attention.torch_ref import TorchAttentionMetadata, paged_attention
 
 
 def attention_one_sequence(q, k, v, scale, window):
@@ -42,7 +42,7 @@ def test_paged_attention_matches_per_sequence_attention(block_size, window, head
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]).int(), block_size=block_size,
         max_query_len=max(q_lens), max_context_len=max(c for _, c in shapes),
         num_decodes=3, max_decode_context_len=max(c for _, c in shapes[:3]))
-    out = paged_attention(q, k_cache, v_cache, meta, D ** -0.5, window)
+    out = paged_attention(q, k_cache, v_cache, TorchAttentionMetadata.build(meta, window), D ** -0.5)
     start = 0
     for (n, ctx), table in zip(shapes, tables):
         slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(ctx)])

@@ -169,8 +169,8 @@ def test_decode_step_times_cover_the_whole_batch(tiny_llama):
     llm = LLM(tiny_llama[0], max_model_len=64, max_num_batched_tokens=32, num_kv_blocks=64)
     engine = llm.llm_engine
     steps_seen = []
-    run = engine.runner.run
-    engine.runner.run = lambda seqs, n: steps_seen.append(list(n)) or run(seqs, n)
+    run = engine.runner.execute_model
+    engine.runner.execute_model = lambda out: steps_seen.append(out.num_new_tokens) or run(out)
     times = decode_step_times_ms(llm, batch=6, context=20, steps=3)
     assert len(times) == 3
     assert steps_seen[-3:] == [[1] * 6] * 3

@@ -66,7 +66,7 @@ def test_stop_tokens_eos_and_max_model_len(tiny_llama):
     stop_at = full[4]
     out = llm.generate(p, SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_at]))[0].outputs[0]
     assert out.token_ids == full[:full.index(stop_at) + 1] and out.finish_reason == "stop"
-    llm.llm_engine.eos_token_ids = {stop_at}
+    llm.llm_engine.scheduler.eos_token_ids = {stop_at}
     assert llm.generate(p, SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].finish_reason == "stop"
     assert llm.generate(p, GREEDY)[0].outputs[0].token_ids == full  # ignore_eos
     capped = llm.generate([1] * 15, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))[0].outputs[0]
@@ -144,19 +144,43 @@ def test_cuda_graph_batch_sizes():
     assert batch_size_ladder(256)[-3:] == [224, 240, 256]
 
 
-def test_prepare_sends_one_flat_batch_with_holes_at_block_zero(tiny_llama):
-    # A sequence whose first blocks were released outside a sliding window (-1) and a shorter one:
-    # the block tables are padded, and holes point at block 0, which attention never reads there.
+def test_prepare_sends_one_flat_batch_from_the_scheduler_output(tiny_llama):
+    # A decode whose first blocks were released outside a sliding window (-1) and a prefill chunk that
+    # does not reach its prompt's end: the block tables are padded, holes never reach a kernel as -1,
+    # and only the decode samples.
     from minivllm.engine.model_runner import ModelRunner
+    from minivllm.engine.scheduler import ScheduledSequence, SchedulerOutput
     from minivllm.engine.sequence import Sequence
-    runner = ModelRunner(model=None, block_size=4, device="cpu")
+    from minivllm.models.loader import resolve_model
+    runner = ModelRunner(resolve_model(tiny_llama[0]).config, "cpu", torch.float32, max_model_len=16, block_size=4,
+                         max_num_seqs=2)
     long = Sequence("a", list(range(1, 11)), SamplingParams())
-    long.block_table, long.num_computed_tokens = [-1, -1, 7], 9        # decodes its 10th token
-    short = Sequence("b", [5, 6, 7], SamplingParams())
-    short.block_table = [3]                                             # prefills its 3 tokens
-    input_ids, positions, meta, last = runner.prepare([long, short], [1, 3])
+    long.block_table = [-1, -1, 7]                                      # decodes its 10th token
+    short = Sequence("b", [5, 6, 7, 8, 9], SamplingParams())
+    short.block_table = [3]                                             # prefills 3 of its 5 tokens
+    step = SchedulerOutput(decodes=[ScheduledSequence(long, 9, 1, True)],
+                           prefills=[ScheduledSequence(short, 0, 3, False)])
+    input_ids, positions, meta, sample_index = runner.prepare(step)
     assert input_ids.tolist() == [10, 5, 6, 7] and positions.tolist() == [9, 0, 1, 2]
     assert meta.slot_mapping.tolist() == [7 * 4 + 1, 12, 13, 14]
     assert meta.block_tables.tolist() == [[0, 0, 7], [3, 0, 0]]
     assert meta.context_lens.tolist() == [10, 3] and meta.cu_seqlens_q.tolist() == [0, 1, 4]
-    assert meta.num_decodes == 1 and last.tolist() == [0, 3]
+    assert meta.num_decodes == 1 and sample_index.tolist() == [0]
+
+
+def test_prepare_takes_an_in_flight_token_from_the_device(tiny_llama):
+    # With async scheduling a decode may be scheduled before its input token reached the host: its id
+    # comes from the last step's sampled tensor, by that request's row in it.
+    from minivllm.engine.model_runner import ModelRunner
+    from minivllm.engine.scheduler import ScheduledSequence, SchedulerOutput
+    from minivllm.engine.sequence import Sequence
+    from minivllm.models.loader import resolve_model
+    runner = ModelRunner(resolve_model(tiny_llama[0]).config, "cpu", torch.float32, max_model_len=16, block_size=4,
+                         max_num_seqs=2)
+    a, b = Sequence("a", [1, 2, 3], SamplingParams()), Sequence("b", [4, 5], SamplingParams())
+    a.block_table, b.block_table = [0], [1]
+    runner._last_sampled, runner._last_sampled_rows = torch.tensor([77, 88]), {"b": 0, "a": 1}
+    step = SchedulerOutput(decodes=[ScheduledSequence(a, 3, 1, True), ScheduledSequence(b, 2, 1, True)])
+    input_ids, positions, meta, _ = runner.prepare(step)
+    assert input_ids.tolist() == [88, 77] and positions.tolist() == [3, 2]
+    assert meta.slot_mapping.tolist() == [3, 6]

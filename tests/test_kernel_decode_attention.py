@@ -59,7 +59,7 @@ def check(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, wi
     (q, k, v, tables, lens), (k_ref, v_ref, meta) = make_case(
         context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, window, device)
     scale = head_dim ** -0.5
-    ref = torch_ref.paged_attention(q, k_ref, v_ref, meta, scale, window).float()
+    ref = torch_ref.paged_attention(q, k_ref, v_ref, torch_ref.TorchAttentionMetadata.build(meta, window), scale).float()
     real = lens > 0
     for num_splits in splits:
         out = paged_decode_attention(q, k, v, tables, lens, scale, sliding_window=window, num_splits=num_splits)

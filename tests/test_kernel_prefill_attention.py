@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from minivllm.attention.metadata import AttentionMetadata
-from minivllm.attention.torch_ref import paged_attention
+from minivllm.attention.torch_ref import TorchAttentionMetadata, paged_attention
 import minivllm.kernels.prefill_attention as prefill_attention
 from minivllm.kernels.prefill_attention import paged_prefill_attention
 
@@ -72,7 +72,8 @@ def check(inputs, meta, k, v, atol, rtol):
     out = paged_prefill_attention(**inputs)
     assert out.shape == inputs["q"].shape and out.dtype == inputs["q"].dtype
     # The reference in float32 on the same (possibly rounded) inputs.
-    ref = paged_attention(inputs["q"].float(), k.float(), v.float(), meta, inputs["scale"], inputs["sliding_window"])
+    ref = paged_attention(inputs["q"].float(), k.float(), v.float(),
+                          TorchAttentionMetadata.build(meta, inputs["sliding_window"]), inputs["scale"])
     assert not out.isnan().any()
     torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol)
 
@@ -125,7 +126,7 @@ def test_empty_chunk_in_batch():
     # A sequence with no new token this step gives no rows and must not disturb the others.
     inputs, meta, k, v, _ = make_case([4, 0, 9], [3, 5, 0], 4, 2, 1, 32, torch.float32, seed=3)
     out = paged_prefill_attention(**inputs)
-    ref = paged_attention(inputs["q"], k, v, meta, inputs["scale"])
+    ref = paged_attention(inputs["q"], k, v, TorchAttentionMetadata.build(meta), inputs["scale"])
     torch.testing.assert_close(out, ref, **TOL[torch.float32])
 
 

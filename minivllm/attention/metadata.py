@@ -17,6 +17,10 @@ Example: two sequences, one prefilling 3 tokens and one decoding its 6th token::
 The KV cache of every layer is `[num_blocks, block_size, num_kv_heads, head_dim]`; slot
 `s` is block `s // block_size`, offset `s % block_size`. A contiguous cache is the special
 case of one block per sequence with `block_size = max_model_len`.
+
+The model runner builds this record once per step, then the attention backend adds what its own
+kernels need (`torch_ref.TorchAttentionMetadata`, `triton_backend.TritonAttentionMetadata`), once
+per step too, in one place (`attention.metadata_builder`): every layer then reads the same record.
 """
 from __future__ import annotations
 
@@ -34,17 +38,19 @@ class AttentionMetadata:
     block_size: int
     max_query_len: int
     max_context_len: int
-    # The scheduler puts decodes first: the first `num_decodes` sequences bring one token each.
-    # Attention treats them apart, so a decode is never padded to the length of a prefill chunk.
+    # The scheduler says which entries are decodes and puts them first: the first `num_decodes`
+    # sequences bring one token each. Attention treats them apart, so a decode is never padded
+    # to the length of a prefill chunk.
     num_decodes: int = 0
     max_decode_context_len: int = 0
-    # Index tensors and masks derived from the fields above, the same for every layer: the
-    # reference attention computes them at the first layer and reuses them at the others.
-    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
         return self.context_lens.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.slot_mapping.shape[0]
 
 
 @dataclass
@@ -53,4 +59,18 @@ class NoCacheMetadata:
     tokens only (the "recompute everything" baseline and the logits checks)."""
     cu_seqlens_q: torch.Tensor      # [num_seqs + 1] int32
     max_query_len: int
-    derived: dict = field(default_factory=dict, repr=False, compare=False)
+    # The padded layout, the same for every layer, so built once here: `padded_index` [B, L] is the
+    # flat index of each sequence's i-th token, `valid` [B, L] whether it exists, `unpad` where the
+    # real tokens sit in the flattened padded layout, `lens` [B] the lengths.
+    padded_index: torch.Tensor = field(init=False, repr=False)
+    valid: torch.Tensor = field(init=False, repr=False)
+    unpad: torch.Tensor = field(init=False, repr=False)
+    lens: torch.Tensor = field(init=False, repr=False)
+
+    def __post_init__(self):
+        cu = self.cu_seqlens_q
+        self.lens = cu[1:] - cu[:-1]
+        i = torch.arange(self.max_query_len, device=cu.device)
+        self.valid = i[None, :] < self.lens[:, None]
+        self.padded_index = torch.where(self.valid, cu[:-1, None] + i[None, :], 0).long()
+        self.unpad = self.valid.flatten().nonzero().squeeze(1)

@@ -12,10 +12,12 @@ windows, because all of them are the same computation on a padded view of the fl
 
 Decodes (one query each) and prefill chunks are attended as two groups, so a decode is
 never padded to a chunk's length. The index tensors and the masks are the same for every
-layer, so they are built once per step and kept in `meta.derived`. The Triton kernels
+layer, so they are built once per step (`TorchAttentionMetadata.build`). The Triton kernels
 (`minivllm.kernels`, notebook 10) compute the same thing without the gather.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -79,9 +81,35 @@ def masked_attention(q, k, v, mask, scale):
     return out.transpose(1, 2)
 
 
+@dataclass
+class GroupPlan:
+    """How one group of sequences (the decodes, or the prefill chunks) is attended on a padded view."""
+    q_index: torch.Tensor   # [B, Lq] flat index of each padded query
+    unpad: torch.Tensor     # where the real queries sit in the flattened [B * Lq] output
+    slots: torch.Tensor     # [B, Lk] cache slot of each key
+    mask: torch.Tensor      # [B, Lq, Lk]
+
+
+@dataclass
+class TorchAttentionMetadata(AttentionMetadata):
+    """AttentionMetadata plus the reference's index tensors and masks: the same for every layer,
+    so `build` makes them once per step (the model runner calls it)."""
+    groups: list[GroupPlan] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, meta: AttentionMetadata, sliding_window: int | None = None) -> "TorchAttentionMetadata":
+        common = {f.name: getattr(meta, f.name) for f in fields(AttentionMetadata)}
+        d, groups = meta.num_decodes, []
+        if d > 0:  # decodes: one query each, padded only to the longest decode context
+            groups.append(_group_plan(meta, slice(0, d), 0, d, 1, meta.max_decode_context_len, sliding_window))
+        if d < meta.num_seqs:
+            groups.append(_group_plan(meta, slice(d, meta.num_seqs), d, meta.num_tokens - d, meta.max_query_len,
+                                      meta.max_context_len, sliding_window))
+        return cls(**common, groups=groups)
+
+
 def _group_plan(meta: AttentionMetadata, seqs: slice, first_token: int, num_tokens: int,
-                max_query_len: int, max_context_len: int, sliding_window):
-    """Index tensors and mask for one group of sequences (the decodes, or the prefill chunks)."""
+                max_query_len: int, max_context_len: int, sliding_window) -> GroupPlan:
     cu_seqlens = meta.cu_seqlens_q[seqs.start:seqs.stop + 1] - first_token
     context_lens = meta.context_lens[seqs]
     q_index, q_valid, unpad, q_lens = _pad_index(cu_seqlens, max_query_len, num_tokens)
@@ -89,40 +117,25 @@ def _group_plan(meta: AttentionMetadata, seqs: slice, first_token: int, num_toke
     blocks = meta.block_tables[seqs].long()[:, j // meta.block_size]
     slots = blocks * meta.block_size + j % meta.block_size          # [B, Lk]
     mask = attention_mask(q_lens, context_lens, max_query_len, max_context_len, sliding_window, q_valid)
-    return q_index + first_token, unpad, slots, mask
-
-
-def _paged_plans(meta: AttentionMetadata, num_tokens: int, sliding_window):
-    key = ("paged", sliding_window)
-    if key not in meta.derived:
-        d, plans = meta.num_decodes, []
-        if d > 0:  # decodes: one query each, padded only to the longest decode context
-            plans.append(_group_plan(meta, slice(0, d), 0, d, 1, meta.max_decode_context_len, sliding_window))
-        if d < meta.num_seqs:
-            plans.append(_group_plan(meta, slice(d, meta.num_seqs), d, num_tokens - d, meta.max_query_len,
-                                     meta.max_context_len, sliding_window))
-        meta.derived[key] = plans
-    return meta.derived[key]
+    return GroupPlan(q_index + first_token, unpad, slots, mask)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, sliding_window: int | None = None) -> torch.Tensor:
-    """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D], keys/values read from the cache."""
+                    meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+    """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D], keys/values read from the cache (the sliding
+    window, if any, is in the masks `TorchAttentionMetadata.build` made)."""
     outs = []
-    for q_index, unpad, slots, mask in _paged_plans(meta, q.shape[0], sliding_window):
-        k = k_cache.view(-1, *k_cache.shape[2:])[slots]
-        v = v_cache.view(-1, *v_cache.shape[2:])[slots]
-        outs.append(masked_attention(q[q_index], k, v, mask, scale).flatten(0, 1)[unpad])
+    for g in meta.groups:
+        k = k_cache.view(-1, *k_cache.shape[2:])[g.slots]
+        v = v_cache.view(-1, *v_cache.shape[2:])[g.slots]
+        outs.append(masked_attention(q[g.q_index], k, v, g.mask, scale).flatten(0, 1)[g.unpad])
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
 def attention_without_cache(q, k, v, meta: NoCacheMetadata, scale: float,
                             sliding_window: int | None = None) -> torch.Tensor:
     """Each sequence attends causally over its own tokens in this batch (no KV cache)."""
-    key = ("no-cache", sliding_window)
-    if key not in meta.derived:
-        index, valid, unpad, lens = _pad_index(meta.cu_seqlens_q, meta.max_query_len, q.shape[0])
-        meta.derived[key] = (index, unpad, attention_mask(lens, lens, meta.max_query_len, meta.max_query_len,
-                                                          sliding_window, valid))
-    index, unpad, mask = meta.derived[key]
-    return masked_attention(q[index], k[index], v[index], mask, scale).flatten(0, 1)[unpad]
+    L = meta.max_query_len
+    mask = attention_mask(meta.lens, meta.lens, L, L, sliding_window, meta.valid)
+    index = meta.padded_index
+    return masked_attention(q[index], k[index], v[index], mask, scale).flatten(0, 1)[meta.unpad]

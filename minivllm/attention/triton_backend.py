@@ -8,13 +8,28 @@ tables, and both skip blocks outside a sliding window.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 import torch
 
 from ..kernels import paged_decode_attention, paged_prefill_attention, store_kv
 from .metadata import AttentionMetadata
 
 
-def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float,
+@dataclass
+class TritonAttentionMetadata(AttentionMetadata):
+    """AttentionMetadata plus the prefill chunks' query offsets counted from the first chunk token,
+    which the prefill kernel takes: the same for every layer, so `build` computes them once per step."""
+    prefill_cu_seqlens: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, meta: AttentionMetadata) -> "TritonAttentionMetadata":
+        common = {f.name: getattr(meta, f.name) for f in fields(AttentionMetadata)}
+        d = meta.num_decodes
+        return cls(**common, prefill_cu_seqlens=meta.cu_seqlens_q[d:] - d if d < meta.num_seqs else None)
+
+
+def paged_attention(q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, scale: float,
                     sliding_window: int | None = None) -> torch.Tensor:
     """q: [T, Hq, D], k/v: [T, Hkv, D] of this step's tokens -> [T, Hq, D]."""
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
@@ -22,11 +37,8 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: f
     if d == meta.num_seqs:  # a decode-only step, the common case (and the one CUDA graphs capture)
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
                                       sliding_window)
-    if "prefill_cu_seqlens" not in meta.derived:  # the same for every layer: computed once per step
-        meta.derived["prefill_cu_seqlens"] = meta.cu_seqlens_q[d:] - d
-    prefill = paged_prefill_attention(q[d:], k_cache, v_cache, meta.derived["prefill_cu_seqlens"],
-                                      meta.context_lens[d:], meta.block_tables[d:], meta.max_query_len,
-                                      scale, sliding_window)
+    prefill = paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_cu_seqlens, meta.context_lens[d:],
+                                      meta.block_tables[d:], meta.max_query_len, scale, sliding_window)
     if d == 0:
         return prefill
     decode = paged_decode_attention(q[:d], k_cache, v_cache, meta.block_tables[:d], meta.context_lens[:d],

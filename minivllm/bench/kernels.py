@@ -86,9 +86,10 @@ def kernel_cases(device, dtype, smoke: bool = False) -> list[KernelCase]:
         k_cache, v_cache, tables = _paged_cache(batch, decode_context, hkv, d, block, dtype, device)
         lens = torch.full((batch,), decode_context, dtype=torch.int32, device=device)
         qd = rand(batch, hq, d)
-        meta = AttentionMetadata(torch.arange(batch + 1, dtype=torch.int32, device=device), lens,
-                                 torch.zeros(batch, dtype=torch.int64, device=device), tables, block, 1,
-                                 decode_context, num_decodes=batch, max_decode_context_len=decode_context)
+        meta = torch_ref.TorchAttentionMetadata.build(AttentionMetadata(
+            torch.arange(batch + 1, dtype=torch.int32, device=device), lens,
+            torch.zeros(batch, dtype=torch.int64, device=device), tables, block, 1,
+            decode_context, num_decodes=batch, max_decode_context_len=decode_context))
         cases.append(KernelCase(
             f"paged decode attention, batch {batch} x {decode_context} tokens",
             lambda qd=qd, k_cache=k_cache, v_cache=v_cache, tables=tables, lens=lens:
@@ -102,8 +103,8 @@ def kernel_cases(device, dtype, smoke: bool = False) -> list[KernelCase]:
     qp = rand(chunk, hq, d)
     cu = torch.tensor([0, chunk], dtype=torch.int32, device=device)
     lens = torch.tensor([context], dtype=torch.int32, device=device)
-    meta = AttentionMetadata(cu, lens, torch.zeros(chunk, dtype=torch.int64, device=device), tables, block, chunk,
-                             context)
+    meta = torch_ref.TorchAttentionMetadata.build(
+        AttentionMetadata(cu, lens, torch.zeros(chunk, dtype=torch.int64, device=device), tables, block, chunk, context))
     visible_keys = sum(earlier + i + 1 for i in range(chunk))  # causal: query i sees earlier + i + 1 keys
     cases.append(KernelCase(
         f"paged prefill attention, {chunk}-token chunk after {earlier}",

@@ -143,10 +143,12 @@ class BlockManager:
         return seq.num_cached_blocks * self.block_size
 
     def cache_full_blocks(self, seq) -> None:
-        """After a step: name the sequence's newly completed blocks so later requests can share them."""
+        """After a step: name the sequence's newly completed blocks so later requests can share them.
+        A block is named once its tokens are computed and their ids known on the host (a token
+        sampled in a step still in flight is not known yet: `len(seq)` stops before it)."""
         if not self.enable_prefix_caching:
             return
-        hashes = self._hashes(seq, seq.num_computed_tokens // self.block_size)
+        hashes = self._hashes(seq, min(seq.num_computed_tokens, len(seq)) // self.block_size)
         for i in range(seq.num_cached_blocks, len(hashes)):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and hashes[i] not in self.cached:

@@ -12,7 +12,8 @@ Shapes are frozen at capture, hence the rules here:
 - only decode-only steps use graphs (prefill shapes vary too much to capture) and only with
   the Triton backend (the torch reference sizes its tensors from the step's longest context).
 
-    >>> graphs = DecodeGraphs(model, max_batch=256, max_blocks_per_seq=64, block_size=16, device="cuda")
+    >>> graphs = DecodeGraphs(model, max_batch=256, max_blocks_per_seq=64, block_size=16, device="cuda",
+    ...                       build_metadata=TritonAttentionMetadata.build)
     >>> logits = graphs.run(input_ids, positions, meta)   # a decode-only step of <= max_batch sequences
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ def batch_size_ladder(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     @torch.inference_mode()
-    def __init__(self, model, max_batch: int, max_blocks_per_seq: int, block_size: int, device):
+    def __init__(self, model, max_batch: int, max_blocks_per_seq: int, block_size: int, device, build_metadata):
         self.batch_sizes = batch_size_ladder(max_batch)
         self.max_batch = max_batch
         self.input_ids = torch.zeros(max_batch, dtype=torch.int64, device=device)
@@ -45,9 +46,11 @@ class DecodeGraphs:
         self.graphs, pool = {}, None
         # Largest first, all in one memory pool: a smaller graph reuses the larger one's memory.
         for bs in reversed(self.batch_sizes):
-            meta = AttentionMetadata(self.cu_seqlens[:bs + 1], self.context_lens[:bs], self.slot_mapping[:bs],
-                                     self.block_tables[:bs], block_size, max_query_len=1,
-                                     max_context_len=max_len, num_decodes=bs, max_decode_context_len=max_len)
+            # The backend's metadata, built once here from views of the buffers: a replay reads
+            # whatever the buffers hold then.
+            meta = build_metadata(AttentionMetadata(
+                self.cu_seqlens[:bs + 1], self.context_lens[:bs], self.slot_mapping[:bs], self.block_tables[:bs],
+                block_size, max_query_len=1, max_context_len=max_len, num_decodes=bs, max_decode_context_len=max_len))
 
             def forward():
                 self.logits[:bs].copy_(model.compute_logits(model(self.input_ids[:bs], self.positions[:bs], meta)))

@@ -6,17 +6,25 @@
     ...     for out in engine.step():
     ...         print(out.request_id, out.outputs[0].token_ids, out.finished)
 
-A step is: the scheduler picks sequences and how many tokens each computes -> the model
-runner builds one flat batch and runs the model -> the sampler picks one token for every
-sequence whose prompt is now complete -> stop conditions -> finished ones leave and give
-back their KV blocks.
+A step reads straight through: schedule (the scheduler picks sequences and how many tokens each
+computes) -> execute (the model runner builds one flat batch and runs the model) -> sample (one
+token for every sequence whose known tokens are all computed) -> update (the scheduler appends the
+tokens, applies the stop conditions, finishes sequences, gives back their blocks) -> outputs (text
+grows, stop strings end requests).
+
+With `async_scheduling` (the default) the CPU and the GPU overlap: `step()` queues step n+1 on the
+GPU before it waits for step n's tokens, then updates the books and returns step n's outputs while
+the GPU works on step n+1. Each call still returns one step's outputs; a request added or aborted
+now meets a step already in flight (an aborted request's token from it is dropped). Greedy outputs
+are the same either way (a test holds them equal).
 
 Every optimization is a switch here, so that an ablation is one argument:
 `enable_paged_kv=False` gives each sequence one block of `max_model_len` tokens (the
 contiguous cache of Hugging Face `generate`), `enable_continuous_batching=False` is static
 batching, `enable_chunked_prefill` / `enable_prefix_caching` do what they say,
-`attention_backend="torch"` swaps the fused Triton kernels for the readable reference, and
-`enforce_eager=True` turns off the CUDA graphs of decode steps.
+`attention_backend="torch"` swaps the fused Triton kernels for the readable reference,
+`enforce_eager=True` turns off the CUDA graphs of decode steps, and `async_scheduling=False`
+runs the CPU's work and the GPU's one after the other.
 
 Bad input (an empty prompt, ids outside the vocabulary, a prompt that does not fit
 `max_model_len`, a request that could never fit in the KV pool, a duplicate request id)
@@ -24,21 +32,18 @@ raises `ValueError` from `add_request` and changes nothing: other requests go on
 """
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
 
 from ..cache.block_manager import BlockManager, cdiv
-from ..cache.kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
 from ..config import EngineConfig, resolve_dtype
-from ..models.loader import build_model, generation_eos_ids, load_tokenizer, resolve_model
+from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
-from .model_runner import ModelRunner
-from .sampler import Sampler
-from .scheduler import Scheduler
+from .model_runner import ModelRunner, SampledTokens
+from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # a step's token budget when chunking: big enough to keep the GPU busy
@@ -55,11 +60,7 @@ class LLMEngine:
         if self.max_model_len > cfg.max_position_embeddings:  # RoPE tables and the model stop there
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
                              f"{cfg.max_position_embeddings} positions (max_position_embeddings)")
-        folder = None if config.load_format == "dummy" else source.folder
-        self.model = build_model(cfg, self.device, self.dtype, self.max_model_len, folder, config.seed)
-        self.model.use_backend(config.attention_backend)
         self.tokenizer = load_tokenizer(source.folder)
-        self.eos_token_ids = set(generation_eos_ids(cfg, source.folder))
 
         self.max_num_batched_tokens = config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         if not config.enable_chunked_prefill:  # a whole prompt must fit in one step
@@ -71,37 +72,41 @@ class LLMEngine:
             prefix_caching = False
         self.block_size = config.block_size if config.enable_paged_kv else self.max_model_len
 
-        self.runner = ModelRunner(self.model, self.block_size, self.device)
+        self.runner = ModelRunner(cfg, self.device, self.dtype, self.max_model_len, self.block_size,
+                                  config.max_num_seqs, None if config.load_format == "dummy" else source.folder,
+                                  config.seed, config.attention_backend)
+        self.model = self.runner.model
         num_blocks = self._num_kv_blocks()
-        kv = allocate_kv_cache(cfg, num_blocks, self.block_size, self.dtype, self.device)
-        for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
-            layer.bind_cache(k_cache, v_cache)
+        self.runner.initialize_kv_cache(num_blocks)
         if self.device.type == "cuda" and config.attention_backend == "triton" and not config.enforce_eager:
-            self.runner.capture_cuda_graphs(config.max_num_seqs, self.max_model_len)
-        self.block_manager = BlockManager(num_blocks, self.block_size, prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, self.max_num_batched_tokens,
-                                   config.enable_chunked_prefill, cfg.sliding_window,
-                                   continuous=config.enable_continuous_batching)
-        self.sampler = Sampler(self.device, config.seed)
-        self.requests: dict[str, Sequence] = {}
+            self.runner.capture_cuda_graphs()
+        self.scheduler = Scheduler(BlockManager(num_blocks, self.block_size, prefix_caching), config.max_num_seqs,
+                                   self.max_num_batched_tokens, self.max_model_len,
+                                   generation_eos_ids(cfg, source.folder), config.enable_chunked_prefill,
+                                   cfg.sliding_window, continuous=config.enable_continuous_batching)
+        # The step launched on the GPU whose tokens the host has not read yet (async scheduling).
+        self._in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
 
     def _num_kv_blocks(self) -> int:
         """KV capacity: what the user asked for, or what fits after a profiling forward."""
         config = self.config
         if config.num_kv_blocks is not None:
-            tokens = config.num_kv_blocks * config.block_size
+            num_blocks = config.num_kv_blocks * config.block_size // self.block_size
         else:
-            if self.device.type == "cuda":
-                # The peak must be this engine's own, not that of whatever ran before in the process.
-                torch.cuda.reset_peak_memory_stats(self.device)
-                self.runner.profile_run(self.max_num_batched_tokens, self.max_model_len)
-            budget = kv_cache_budget_bytes(self.device, config.gpu_memory_utilization)
-            tokens = budget // kv_bytes_per_token(self.model_config, self.dtype)
-        num_blocks = tokens // self.block_size
+            num_blocks = self.runner.num_kv_blocks_that_fit(config.gpu_memory_utilization, self.max_num_batched_tokens)
         if num_blocks < 1:
-            raise ValueError(f"the KV cache holds {tokens} tokens, less than one block of {self.block_size}: "
+            raise ValueError(f"the KV cache holds less than one block of {self.block_size} tokens: "
                              "lower max_model_len or block_size, or give the cache more memory")
         return num_blocks
+
+    @property
+    def block_manager(self) -> BlockManager:
+        return self.scheduler.blocks
+
+    @property
+    def requests(self) -> dict[str, Sequence]:
+        """Live requests by id (the scheduler's books)."""
+        return self.scheduler.requests
 
     # ---- requests in -------------------------------------------------------------------
     def encode_prompt(self, prompt) -> tuple[str | None, list[int]]:
@@ -150,17 +155,16 @@ class LLMEngine:
         seq = Sequence(request_id, token_ids, params, text, self.device)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
-        self.requests[request_id] = seq
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        """End a request wherever it is (waiting, prefilling, decoding); its blocks come back.
-        Returns its last output (finish_reason "abort"), or None for an unknown or finished id."""
-        seq = self.requests.pop(request_id, None)
+        """End a request wherever it is (waiting, prefilling, decoding, in a step in flight); its
+        blocks come back. Returns its last output (finish_reason "abort"), or None for an unknown
+        or finished id."""
+        seq = self.requests.get(request_id)
         if seq is None:
             return None
         self.scheduler.finish(seq, "abort")
-        seq.metrics.finished_time = time.perf_counter()
         return self._output(seq)
 
     def has_unfinished_requests(self) -> bool:
@@ -168,42 +172,41 @@ class LLMEngine:
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        scheduled = self.scheduler.schedule()
-        if not scheduled.seqs:
-            return []
-        logits = self.runner.run(scheduled.seqs, scheduled.num_new_tokens)
-        for seq, n in zip(scheduled.seqs, scheduled.num_new_tokens):
-            seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq)
-        # A sequence in the middle of its prompt (a prefill chunk) samples nothing yet.
-        ready = [i for i, seq in enumerate(scheduled.seqs) if seq.num_computed_tokens == len(seq)]
-        if not ready:
-            return []
-        seqs = [scheduled.seqs[i] for i in ready]
-        if len(ready) < len(scheduled.seqs):  # indexing by a list is a host -> device copy: only when needed
-            logits = logits[ready]
-        next_tokens = self.sampler(logits, seqs).tolist()  # the step's one device -> host copy
-        now = time.perf_counter()
-        outputs = []
-        for seq, token in zip(seqs, next_tokens):
-            seq.token_ids.append(token)
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            stopped_by_text = seq.detokenizer is not None and seq.detokenizer.add(token)
-            reason = "stop" if stopped_by_text else self._stop_reason(seq, token)
-            if reason is not None:
-                seq.metrics.finished_time = now
-                self.scheduler.finish(seq, reason)
-                del self.requests[seq.request_id]
-            outputs.append(self._output(seq))
-        return outputs
+        """Advance every scheduled request by one step; the outputs of those that advanced.
 
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.eos_token_ids):
-            return "stop"
-        if seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len:
-            return "length"
-        return None
+        With async scheduling the next step is already on the GPU when this returns: each call
+        launches step n+1, then waits for step n and returns its outputs."""
+        if not self.config.async_scheduling:
+            launched = self._launch()
+            return self._process(launched) if launched else []
+        if self._in_flight is None or all(seq.is_finished for seq in self._in_flight[0].seqs):
+            if self._in_flight is not None:  # every request in it ended meanwhile: nothing to wait for
+                self._process(self._in_flight)
+            self._in_flight = self._launch()
+            if self._in_flight is None:
+                return []
+        done, self._in_flight = self._in_flight, self._launch()  # step n+1 is queued before we wait for step n
+        return self._process(done)
+
+    def _launch(self) -> tuple[SchedulerOutput, SampledTokens] | None:
+        """Schedule -> execute -> sample, without waiting for the GPU."""
+        scheduler_output = self.scheduler.schedule()
+        if not scheduler_output:
+            return None
+        logits = self.runner.execute_model(scheduler_output)
+        return scheduler_output, self.runner.sample(logits, scheduler_output)
+
+    def _process(self, launched: tuple[SchedulerOutput, SampledTokens]) -> list[RequestOutput]:
+        """Update -> outputs: wait for the step's tokens, put them in the books, grow the text."""
+        scheduler_output, sampled = launched
+        seqs = self.scheduler.update_from_output(scheduler_output, sampled.tolist())
+        for seq in seqs:  # a stop string ends the request (the text stops before it)
+            if seq.detokenizer is not None and seq.detokenizer.add(seq.token_ids[-1]):
+                if seq.is_finished:  # the same token also reached a length limit
+                    seq.finish_reason = "stop"
+                else:
+                    self.scheduler.finish(seq, "stop")
+        return [self._output(seq) for seq in seqs]
 
     def _output(self, seq: Sequence) -> RequestOutput:
         # The text grows with every token (incremental detokenization), so a stream can show it.

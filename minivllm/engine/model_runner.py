@@ -1,83 +1,175 @@
-"""The model runner: turns the scheduled sequences into one flat batch and runs the model.
+"""The model runner: it owns the model, its KV cache and its CUDA graphs, and runs the steps.
 
-For every sequence it takes the tokens not yet in the cache (a whole prompt, a chunk of
-one, or the single newest token), their positions, and the cache slot of each, then
-calls the model once for all of them and returns the logits of each sequence's last
-token: the only ones the sampler needs. Decode-only steps replay a CUDA graph when one was
-captured (`capture_cuda_graphs`).
+`execute_model` turns a `SchedulerOutput` into one flat batch: for every scheduled sequence the
+tokens not yet in the cache (a whole prompt, a chunk of one, or the single newest token), their
+positions and the cache slot of each; then it calls the model once for all of them and returns the
+logits of the rows that sample. Decode-only steps replay a CUDA graph when one was captured.
+`sample` picks the next tokens on the device and starts their copy to the host.
+
+Nothing here waits for the GPU, so that the CPU can prepare step n+1 while the GPU runs step n:
+
+- the batch's integers travel in one asynchronous host-to-device copy from pinned memory;
+- block tables live in a persistent host tensor, written incrementally (`BlockTable`);
+- a decode whose input token was sampled by the step still in flight takes that token's id from
+  the GPU tensor the sampler wrote (`_last_sampled`): its value never visits the host first;
+- the sampled ids come back by one copy on a side stream into pinned memory, with an event that
+  only the engine waits for (`SampledTokens.tolist`), once the next step is queued.
 """
 from __future__ import annotations
 
-from itertools import chain
-
 import torch
 
-from ..attention import AttentionMetadata, NoCacheMetadata
+from ..attention import AttentionMetadata, NoCacheMetadata, metadata_builder
 from ..cache.block_manager import cdiv
+from ..cache.kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
+from ..models.loader import build_model
+from .block_table import BlockTable
 from .cuda_graphs import DecodeGraphs
+from .sampler import Sampler
+from .scheduler import SchedulerOutput
+
+
+class SampledTokens:
+    """A step's sampled token ids on their way to the host."""
+
+    def __init__(self, tokens: torch.Tensor, copy_stream):
+        self._ready = None
+        if not tokens.is_cuda:
+            self._host = tokens
+            return
+        self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        copy_stream.wait_stream(torch.cuda.current_stream(tokens.device))  # after the sampler's kernels
+        with torch.cuda.stream(copy_stream):
+            self._host.copy_(tokens, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record(copy_stream)
+        tokens.record_stream(copy_stream)  # the allocator must not reuse it before the copy is done
+
+    def tolist(self) -> list[int]:
+        """The ids, waiting for this copy only (the GPU may already run the next step)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host.tolist()
 
 
 class ModelRunner:
-    def __init__(self, model, block_size: int, device):
-        self.model = model
-        self.block_size = block_size
+    def __init__(self, model_config, device, dtype, max_model_len: int, block_size: int, max_num_seqs: int,
+                 folder=None, seed: int = 0, backend: str = "torch"):
+        self.model_config = model_config
         self.device = torch.device(device)
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.model = build_model(model_config, self.device, dtype, max_model_len, folder, seed, backend)
+        self.build_metadata = metadata_builder(backend, model_config.sliding_window)
+        self.sampler = Sampler(self.device, seed)
+        self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: DecodeGraphs | None = None
+        self.pin = self.device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(self.device) if self.pin else None
+        # The last step's sampled ids, still on the device, and the row of each request in them.
+        self._last_sampled = torch.zeros(0, dtype=torch.int64, device=self.device)
+        self._last_sampled_rows: dict[str, int] = {}
 
-    def capture_cuda_graphs(self, max_batch: int, max_model_len: int) -> None:
+    # ---- set-up ------------------------------------------------------------------------
+    def num_kv_blocks_that_fit(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
+        """KV blocks that fit in the memory granted, after the weights and the largest step's
+        activations (a profiling forward without a cache measures them)."""
+        if self.device.type == "cuda":
+            # The peak must be this engine's own, not that of whatever ran before in the process.
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._profile_run(max_num_batched_tokens)
+        budget = kv_cache_budget_bytes(self.device, gpu_memory_utilization)
+        return budget // kv_bytes_per_token(self.model_config, self.dtype) // self.block_size
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the cache and bind each layer's keys and values to its attention layer."""
+        kv = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype, self.device)
+        for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
+            layer.bind_cache(k_cache, v_cache)
+
+    def capture_cuda_graphs(self) -> None:
         """Record decode steps as CUDA graphs (needs the Triton backend's kernels, a GPU)."""
-        self.graphs = DecodeGraphs(self.model, max_batch, cdiv(max_model_len, self.block_size), self.block_size,
-                                   self.device)
-
-    def prepare(self, seqs, num_new_tokens: list[int]):
-        input_ids, positions, slots, cu_seqlens, context_lens = [], [], [], [0], []
-        for seq, n in zip(seqs, num_new_tokens):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            input_ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            slots += [seq.block_table[p // self.block_size] * self.block_size + p % self.block_size
-                      for p in range(start, end)]
-            cu_seqlens.append(cu_seqlens[-1] + n)
-            context_lens.append(end)
-        width = max(len(s.block_table) for s in seqs)
-        block_tables = list(chain.from_iterable(s.block_table + [0] * (width - len(s.block_table)) for s in seqs))
-
-        num_decodes = next((i for i, n in enumerate(num_new_tokens) if n != 1), len(num_new_tokens))
-        max_context_len = max(context_lens)
-        max_decode_context_len = max(context_lens[:num_decodes], default=0)
-
-        # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy
-        # is asynchronous), then is cut into views: one transfer per step instead of six.
-        fields = [input_ids, positions, slots, cu_seqlens, context_lens, cu_seqlens[1:], block_tables]
-        host = torch.tensor(list(chain.from_iterable(fields)), dtype=torch.int64,
-                            pin_memory=self.device.type == "cuda")
-        # Holes in a block table (blocks released outside a sliding window, -1) point at block 0, as
-        # the padding does: attention never reads those positions, so what block 0 holds is never used.
-        host[len(host) - len(block_tables):].clamp_(min=0)
-        flat = host.to(self.device, non_blocking=True)
-        input_ids, positions, slots, cu_seqlens, context_lens, last, block_tables = flat.split(list(map(len, fields)))
-        meta = AttentionMetadata(
-            cu_seqlens_q=cu_seqlens.int(), context_lens=context_lens.int(), slot_mapping=slots,
-            block_tables=block_tables.view(len(seqs), width).int(), block_size=self.block_size,
-            max_query_len=max(num_new_tokens), max_context_len=max_context_len,
-            num_decodes=num_decodes, max_decode_context_len=max_decode_context_len)
-        return input_ids, positions, meta, last - 1
+        self.graphs = DecodeGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
+                                   self.block_size, self.device, self.build_metadata)
 
     @torch.inference_mode()
-    def run(self, seqs, num_new_tokens: list[int]) -> torch.Tensor:
-        """Logits [len(seqs), vocab] (float32) at the last new token of each sequence."""
-        input_ids, positions, meta, last = self.prepare(seqs, num_new_tokens)
-        if self.graphs is not None and meta.num_decodes == meta.num_seqs and meta.num_seqs <= self.graphs.max_batch:
-            return self.graphs.run(input_ids, positions, meta)
-        hidden = self.model(input_ids, positions, meta)
-        return self.model.compute_logits(hidden[last])
-
-    @torch.inference_mode()
-    def profile_run(self, num_tokens: int, max_len: int) -> None:
-        """One forward of the largest step, without a cache, so that the memory it needs is
-        known (torch.cuda.max_memory_allocated) before the KV cache takes the rest."""
+    def _profile_run(self, num_tokens: int) -> None:
+        max_len = self.max_model_len
         lens = [min(max_len, num_tokens - i) for i in range(0, num_tokens, max_len)]
         cu_seqlens = torch.tensor([0] + lens, device=self.device).cumsum(0).to(torch.int32)
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
         hidden = self.model(torch.zeros_like(positions), positions, NoCacheMetadata(cu_seqlens, max(lens)))
         self.model.compute_logits(hidden[cu_seqlens[1:].long() - 1])
+
+    # ---- a step ------------------------------------------------------------------------
+    def prepare(self, scheduler_output: SchedulerOutput):
+        """The flat batch on the device: (input_ids, positions, metadata, sample_index), where
+        sample_index holds the flat index of the last token of every sequence that samples."""
+        self.block_table.release(scheduler_output.released_request_ids)
+        entries = scheduler_output.entries
+        rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_seqs = [], [], [], [], [], [], []
+        for i, e in enumerate(entries):
+            rows.append(self.block_table.row_of(e.seq))
+            starts.append(e.start)
+            lens.append(e.num_tokens)
+            tokens = e.seq.token_ids[e.start:e.start + e.num_tokens]
+            if len(tokens) < e.num_tokens:  # a decode of the token the step in flight sampled
+                from_gpu_dst.append(len(token_ids))
+                from_gpu_src.append(self._last_sampled_rows[e.seq.request_id])
+                tokens = [0]
+            token_ids += tokens
+            if e.samples:
+                sample_seqs.append(i)
+        context_lens = [s + n for s, n in zip(starts, lens)]
+        num_decodes = scheduler_output.num_decodes
+
+        # Positions, slots and block tables by a few vectorised ops over the batch, on the host.
+        B, T, bs = len(entries), len(token_ids), self.block_size
+        starts_t, lens_t = torch.tensor(starts), torch.tensor(lens)
+        cu_seqlens = torch.zeros(B + 1, dtype=torch.int64)
+        torch.cumsum(lens_t, 0, out=cu_seqlens[1:])
+        owner = torch.repeat_interleave(torch.arange(B), lens_t)           # the sequence of each token
+        positions = starts_t[owner] + torch.arange(T) - cu_seqlens[owner]
+        width = cdiv(max(context_lens), bs)
+        block_tables = self.block_table.table[torch.tensor(rows), :width]
+        slots = block_tables[owner, positions // bs].long() * bs + positions % bs
+        sample_index = cu_seqlens[1:][sample_seqs] - 1
+
+        # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy is
+        # asynchronous), then is cut into views: one transfer per step instead of nine.
+        fields = [torch.tensor(token_ids), positions, slots, cu_seqlens, torch.tensor(context_lens), sample_index,
+                  torch.tensor(from_gpu_dst, dtype=torch.int64), torch.tensor(from_gpu_src, dtype=torch.int64),
+                  block_tables.flatten()]
+        host = torch.empty(sum(f.numel() for f in fields), dtype=torch.int64, pin_memory=self.pin)
+        torch.cat([f.to(torch.int64) for f in fields], out=host)
+        flat = host.to(self.device, non_blocking=True)
+        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, block_tables = flat.split(
+            [f.numel() for f in fields])
+        if from_gpu_dst:
+            input_ids[dst] = self._last_sampled[src]
+        meta = AttentionMetadata(
+            cu_seqlens_q=cu_seqlens.int(), context_lens=context_lens.int(), slot_mapping=slots,
+            block_tables=block_tables.view(B, width).int(), block_size=bs, max_query_len=max(lens),
+            max_context_len=max(context_lens), num_decodes=num_decodes,
+            max_decode_context_len=max(context_lens[:num_decodes], default=0))
+        return input_ids, positions, meta, sample_index
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
+        """Logits [num sampling sequences, vocab] (float32), on the device, not waited for."""
+        input_ids, positions, meta, sample_index = self.prepare(scheduler_output)
+        if self.graphs is not None and meta.num_decodes == meta.num_seqs <= self.graphs.max_batch:
+            return self.graphs.run(input_ids, positions, meta)  # every decode samples
+        hidden = self.model(input_ids, positions, self.build_metadata(meta))
+        return self.model.compute_logits(hidden[sample_index])
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput) -> SampledTokens:
+        """The next token of every sampling sequence, picked on the device; its copy to the host starts."""
+        seqs = scheduler_output.sampled_seqs
+        tokens = self.sampler(logits, seqs) if seqs else self._last_sampled[:0]
+        self._last_sampled = tokens
+        self._last_sampled_rows = {seq.request_id: i for i, seq in enumerate(seqs)}
+        return SampledTokens(tokens, self.copy_stream)

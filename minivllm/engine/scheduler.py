@@ -1,4 +1,13 @@
-"""The scheduler: which sequences advance this step, and by how many tokens.
+"""The scheduler: which sequences advance this step, and by how many tokens; and the books after it.
+
+It owns the state of every live request: the queue, the running batch, each sequence's tokens and
+its KV blocks (through the block manager). Two methods make a step, as in vLLM's v1 engine:
+
+- `schedule()` plans step n: a `SchedulerOutput` that lists the decodes (one token each) and the
+  prefill chunks explicitly, and marks the tokens it schedules as computed at once;
+- `update_from_output(scheduler_output, sampled_token_ids)` takes the tokens the step sampled:
+  it appends them, names the blocks that became full (prefix caching), applies the stop
+  conditions and finishes sequences.
 
 Iteration-level scheduling (Orca, vLLM): the batch is rebuilt at every step.
 
@@ -15,40 +24,89 @@ When the pool runs dry in the middle of the decodes, the most recently admitted 
 is preempted: its blocks are freed and it goes back to the front of the queue, to be
 recomputed later (prompt + what it generated so far), which yields exactly the same tokens.
 
+Overlap (async scheduling): step n+1 may be scheduled before step n's tokens are known. A
+sequence whose step n samples a token counts it as a placeholder (`num_output_placeholders`), so
+step n+1 schedules its decode at the right position (the model runner takes the token id from the
+GPU). A sequence that finishes at step n while step n+1 already holds it wastes that one slot: when
+step n+1's output comes, its token is dropped. One that surely ends with its placeholder
+(`max_tokens`, `max_model_len`) is not scheduled again.
+
 With `continuous=False` this is static batching: nobody joins until the whole batch is done.
 The batch is whoever fits the step's token budget and the KV pool when it starts, so a static
 batch of N prompts needs `max_num_batched_tokens` >= their total length (the benchmark sets it).
 """
 from __future__ import annotations
 
+import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..cache.block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
 
 
 @dataclass
+class ScheduledSequence:
+    seq: Sequence
+    start: int          # the first position computed this step (num_computed_tokens before it)
+    num_tokens: int     # tokens computed this step: 1 for a decode
+    samples: bool       # the step reaches the sequence's last token: it samples the next one
+
+
+@dataclass
 class SchedulerOutput:
-    seqs: list[Sequence]
-    num_new_tokens: list[int]   # tokens each sequence computes this step (1 for a decode)
+    decodes: list[ScheduledSequence] = field(default_factory=list)    # one token each, first in the batch
+    prefills: list[ScheduledSequence] = field(default_factory=list)   # a prompt chunk each
+    # Sequences that gave back their KV blocks since the last step (finished, aborted, preempted):
+    # the model runner forgets their block-table rows.
+    released_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def entries(self) -> list[ScheduledSequence]:
+        return self.decodes + self.prefills
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [e.seq for e in self.entries]
+
+    @property
+    def num_new_tokens(self) -> list[int]:
+        return [e.num_tokens for e in self.entries]
+
+    @property
+    def sampled_seqs(self) -> list[Sequence]:
+        """The sequences this step samples a token for, in batch order: the rows of its output."""
+        return [e.seq for e in self.entries if e.samples]
+
+    @property
+    def num_decodes(self) -> int:
+        return len(self.decodes)
+
+    def __bool__(self) -> bool:
+        return bool(self.decodes or self.prefills)
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool = True, sliding_window: int | None = None, continuous: bool = True):
+                 max_model_len: int, eos_token_ids=(), enable_chunked_prefill: bool = True,
+                 sliding_window: int | None = None, continuous: bool = True):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = set(eos_token_ids)
         self.chunked = enable_chunked_prefill
         self.sliding_window = sliding_window
         self.continuous = continuous
+        self.requests: dict[str, Sequence] = {}    # every live request, waiting or running
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in admission order: the newest is preempted first
+        self._released: list[str] = []
         self.num_preemptions = 0
         self.num_prefix_cache_hit_tokens = 0
 
     def add(self, seq: Sequence) -> None:
+        self.requests[seq.request_id] = seq
         self.waiting.append(seq)
 
     @property
@@ -57,34 +115,48 @@ class Scheduler:
 
     # ---- the step ----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput([], [])
+        out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         for seq in [s for s in self.running if s.num_uncomputed_tokens == 1]:   # 1. decodes
-            if seq.status != SequenceStatus.RUNNING or budget == 0:
-                continue  # preempted a moment ago to make room for an older sequence
+            if seq.status != SequenceStatus.RUNNING or budget == 0 or self._ends_with_placeholder(seq):
+                continue  # preempted a moment ago to make room for an older sequence, or done
             self._release_outside_window(seq)
             if self._make_room(seq):
-                budget -= self._schedule(out, seq, 1)
+                budget -= self._schedule(out.decodes, seq, 1)
         for seq in [s for s in self.running if s.num_uncomputed_tokens > 1]:    # 2. prefill chunks
             self._release_outside_window(seq)
-            budget -= self._schedule(out, seq, self._chunk(seq, budget))
+            budget -= self._schedule(out.prefills, seq, self._chunk(seq, budget))
         if self.continuous or not self.running:                                  # 3. newcomers
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                if self.waiting[0].num_output_placeholders:
+                    break  # preempted while its last token was in flight: that id must reach the host first
                 n = self._admit(self.waiting[0], budget)
                 if n == 0:
                     break  # first come, first served: nobody overtakes the head of the queue
                 seq = self.waiting.popleft()
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
-                budget -= self._schedule(out, seq, n)
+                budget -= self._schedule(out.prefills, seq, n)
+        out.released_request_ids, self._released = self._released, []
         return out
 
-    def _schedule(self, out: SchedulerOutput, seq: Sequence, n: int) -> int:
+    def _schedule(self, entries: list[ScheduledSequence], seq: Sequence, n: int) -> int:
+        """Put n tokens of `seq` in the step, with their KV slots; they count as computed from now on."""
         if n > 0:
-            self.blocks.allocate(seq, seq.num_computed_tokens + n)
-            out.seqs.append(seq)
-            out.num_new_tokens.append(n)
+            start = seq.num_computed_tokens
+            self.blocks.allocate(seq, start + n)
+            seq.num_computed_tokens += n
+            samples = seq.num_computed_tokens == seq.num_tokens
+            if samples:
+                seq.num_output_placeholders += 1
+            entries.append(ScheduledSequence(seq, start, n, samples))
         return n
+
+    def _ends_with_placeholder(self, seq: Sequence) -> bool:
+        """The token still in flight is surely this sequence's last (length limits): no more steps."""
+        return seq.num_output_placeholders > 0 and (
+            seq.num_output_tokens + seq.num_output_placeholders >= seq.params.max_tokens
+            or seq.num_tokens >= self.max_model_len)
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """How many of the sequence's uncomputed tokens fit in the budget and the free blocks now."""
@@ -117,9 +189,11 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: drop the KV, keep the tokens, requeue at the front."""
+        """Recompute preemption: drop the KV, keep the tokens, requeue at the front. (A step in
+        flight may still write the freed blocks: it runs on the GPU before any later step that
+        reuses them.)"""
         self.running.remove(seq)
-        self.blocks.free(seq)
+        self._free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
@@ -130,12 +204,49 @@ class Scheduler:
             # The next query sits at position num_computed_tokens and sees `window` keys back.
             self.blocks.release_outside_window(seq, seq.num_computed_tokens - self.sliding_window + 1)
 
+    def _free(self, seq: Sequence) -> None:
+        self.blocks.free(seq)
+        self._released.append(seq.request_id)
+
     # ---- after the step ----------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
+        """The step's sampled tokens (one per `scheduler_output.sampled_seqs`, in order) into the
+        books. Returns the sequences that got a token (finished ones included, `is_finished` set)."""
+        tokens, advanced, now = iter(sampled_token_ids), [], time.perf_counter()
+        for entry in scheduler_output.entries:
+            seq = entry.seq
+            if entry.samples:
+                token = next(tokens)
+                seq.num_output_placeholders -= 1
+            if seq.is_finished:
+                continue  # it finished (stop, abort) while this step was in flight: its token is dropped
+            if entry.samples:
+                seq.token_ids.append(token)
+            self.blocks.cache_full_blocks(seq)
+            if not entry.samples:
+                continue  # a prefill chunk before the prompt's end: nothing to sample yet
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = now
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason)
+            advanced.append(seq)
+        return advanced
+
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
     def finish(self, seq: Sequence, reason: str) -> None:
         """A sequence is done (stop, length or abort): it leaves and gives back its blocks."""
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        seq.metrics.finished_time = time.perf_counter()
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.free(seq)
+        self._free(seq)
+        self.requests.pop(seq.request_id, None)

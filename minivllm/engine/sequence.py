@@ -1,9 +1,14 @@
 """A Sequence: one request as the engine tracks it, from waiting to finished.
 
-It holds the token ids (prompt then generated), how many of them already have their keys
-and values in the KV cache (`num_computed_tokens`), and its KV block table. The next
-step must compute the tokens from `num_computed_tokens` on: the whole prompt at first,
+It holds the token ids (prompt then generated), how many of them have their keys and values
+in the KV cache or computed by a step already launched (`num_computed_tokens`), and its KV block
+table. The next step computes the tokens from `num_computed_tokens` on: the whole prompt at first,
 then one token per decode step.
+
+With the CPU and the GPU overlapped (async scheduling), the scheduler plans step n+1 before the
+token sampled at step n has reached the host: that token is a *placeholder*
+(`num_output_placeholders`), known to exist, its id still on the GPU. The sequence's length as the
+scheduler sees it is `num_tokens`, the known tokens plus the placeholders.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ class Sequence:
         self.params = params
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
+        self.num_output_placeholders = 0    # sampled on the GPU, not yet on the host
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []   # prefix hashes of its full blocks (prefix caching)
         self.num_cached_blocks = 0          # leading blocks already named in the prefix cache
@@ -57,8 +63,13 @@ class Sequence:
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
+    def num_tokens(self) -> int:
+        """Known tokens plus those sampled in a step still in flight."""
+        return len(self.token_ids) + self.num_output_placeholders
+
+    @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:

@@ -1,8 +1,9 @@
 """The small building blocks of a Llama/Mistral decoder: RMSNorm, rotary embeddings, SwiGLU.
 
-Each is a few lines of torch, the readable reference. With `backend = "triton"` (set on the
-whole model by `LlamaForCausalLM.use_backend`) each calls its fused Triton kernel from
-`minivllm.kernels` instead, with the same interface; the tests hold the two equal.
+Each is a `CustomOp`: `forward_native` is a few lines of torch, the readable reference;
+`forward_triton` calls the fused Triton kernel from `minivllm.kernels` with the same interface (the
+tests hold the two equal). The model picks one when it is built (`LlamaForCausalLM(cfg, backend=...)`).
+The kernels are imported inside `forward_triton`, so that triton loads only when it is asked for.
 """
 from __future__ import annotations
 
@@ -12,22 +13,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .custom_op import CustomOp
 
-class RMSNorm(nn.Module):
+
+class RMSNorm(CustomOp):
     """x / rms(x) * weight, computed in float32. With `residual`, first adds it (vLLM's fused
     "add + norm") and returns (normed, new_residual): one read of x instead of two."""
-
-    backend = "torch"
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if self.backend == "triton":
-            from ..kernels import rms_norm  # imported on first use: triton loads only when asked for
-            return rms_norm(x, self.weight, self.eps, residual)
+    def forward_triton(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        from ..kernels import rms_norm
+        return rms_norm(x, self.weight, self.eps, residual)
+
+    def forward_native(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if residual is not None:
             x = x + residual
             residual = x
@@ -41,6 +43,17 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU's activation: silu(gate) * up, with gate and up packed side by side."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+class SiluAndMul(CustomOp):
+    """`silu_and_mul` as a layer: one fused kernel instead of three passes with the Triton backend."""
+
+    def forward_native(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return silu_and_mul(gate_up)
+
+    def forward_triton(self, gate_up: torch.Tensor) -> torch.Tensor:
+        from ..kernels import silu_and_mul as fused_silu_and_mul
+        return fused_silu_and_mul(gate_up)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
@@ -63,7 +76,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
     raise NotImplementedError(f"rope scaling {kind!r} is not supported (supported: linear, llama3)")
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(CustomOp):
     """Rotates q and k by an angle proportional to each token's position (RoPE).
 
     cos/sin are precomputed for every position up to `max_positions`, so a step only
@@ -71,7 +84,6 @@ class RotaryEmbedding(nn.Module):
     Uses the "rotate half" layout of Hugging Face Llama checkpoints. The Triton backend
     rotates q and k in place instead of writing new tensors.
     """
-    backend = "torch"
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None):
         super().__init__()
@@ -79,14 +91,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)  # [max_positions, head_dim / 2]
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward_native(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions [T]; q [T, Hq, D]; k [T, Hkv, D] -> rotated q, k."""
-        if self.backend == "triton":
-            from ..kernels import apply_rotary_
-            apply_rotary_(positions, q, k, self.cos, self.sin)
-            return q, k
         cos, sin = self.cos[positions][:, None, :], self.sin[positions][:, None, :]
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def forward_triton(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        from ..kernels import apply_rotary_
+        apply_rotary_(positions, q, k, self.cos, self.sin)
+        return q, k
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

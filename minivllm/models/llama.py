@@ -11,7 +11,10 @@ that an engine needs:
   checkpoint's separate tensors go;
 - logits are computed only where they are needed (the last token of each sequence).
 
-    >>> model = LlamaForCausalLM(cfg, max_positions=512)
+The backend ("torch" or "triton") is chosen when the model is built: every `CustomOp` layer (norms,
+rotary, activation, attention) binds its torch or its Triton forward once.
+
+    >>> model = LlamaForCausalLM(cfg, max_positions=512, backend="triton")
     >>> hidden = model(input_ids, positions, meta)          # [T, hidden_size]
     >>> logits = model.compute_logits(hidden[last_indices])  # [num_seqs, vocab]
 """
@@ -22,7 +25,8 @@ from torch import nn
 
 from ..attention import Attention
 from ..config import ModelConfig
-from .layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from .custom_op import CustomOp
+from .layers import RMSNorm, RotaryEmbedding, SiluAndMul
 
 # checkpoint name -> (packed parameter, shard index)
 PACKED_WEIGHTS = {
@@ -53,19 +57,15 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    backend = "torch"
-
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.gate_up_proj.shard_sizes = [cfg.intermediate_size, cfg.intermediate_size]
+        self.act = SiluAndMul()
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
-        if self.backend == "triton":
-            from ..kernels import silu_and_mul as fused_silu_and_mul
-            return self.down_proj(fused_silu_and_mul(self.gate_up_proj(x)))
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -105,13 +105,17 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Llama and Mistral (Mistral = Llama + an optional sliding window, set in the config)."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int | None = None):
+    def __init__(self, cfg: ModelConfig, max_positions: int | None = None, backend: str = "torch"):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, max_positions or cfg.max_position_embeddings)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.backend = backend
+        for module in self.modules():
+            if isinstance(module, CustomOp):
+                module.set_backend(backend)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
         """input_ids, positions: [T] -> final hidden states [T, hidden_size]."""
@@ -119,13 +123,6 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
-
-    def use_backend(self, backend: str) -> None:
-        """"torch" (the readable reference) or "triton" (fused kernels) for every norm, rotary,
-        activation and attention layer of the model."""
-        for module in self.modules():
-            if hasattr(module, "backend"):
-                module.backend = backend
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

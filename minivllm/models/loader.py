@@ -70,10 +70,12 @@ def _create_on(device, dtype):
 
 
 def build_model(cfg: ModelConfig, device, dtype, max_positions: int, folder: Path | None = None,
-                seed: int = 0) -> LlamaForCausalLM:
+                seed: int = 0, backend: str = "torch") -> LlamaForCausalLM:
+    """The model on `device` in `dtype`, its kernels those of `backend` ("torch" or "triton"); the
+    checkpoint's weights from `folder`, or seeded random ones (dummy weights) without a folder."""
     torch.manual_seed(seed)  # dummy weights are the same from run to run
     with _create_on(device, dtype):
-        model = LlamaForCausalLM(cfg, max_positions)
+        model = LlamaForCausalLM(cfg, max_positions, backend)
     if folder is not None:
         load_weights(model, folder)
     return model.eval().requires_grad_(False)
