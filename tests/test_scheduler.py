@@ -1,99 +1,184 @@
-"""The scheduler under random arrivals, lengths, aborts and pool sizes (hypothesis), without a model:
-each step is simulated by marking the scheduled tokens computed and appending a token when a
-sequence's prefill is complete."""
+"""The scheduler and the engine's step loop under random arrivals, lengths, stops, aborts and pool sizes
+(hypothesis), with async scheduling on and off, without a model.
+
+A fake model runner stands in for the GPU: the k-th output token of a request is fixed in advance
+(`true_token`), so whatever the schedule, every request must end with exactly its true tokens: up to
+its stop token or `max_tokens`, or a prefix of them if it was aborted. With async scheduling, requests
+finish, are aborted and are preempted while the next step is already in flight.
+"""
+from types import SimpleNamespace
+
 from hypothesis import given, settings, strategies as st
 
 from minivllm.cache.block_manager import NO_BLOCK, BlockManager, cdiv
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import Sequence, SequenceStatus
 from minivllm.sampling_params import SamplingParams
 from test_block_manager import check_invariants
 
-
-def simulate_step(sched: Scheduler, max_tokens: dict, window=None):
-    out = sched.schedule()
-    assert sum(out.num_new_tokens) <= sched.max_num_batched_tokens
-    assert len(out.seqs) == len(set(out.seqs)) <= sched.max_num_seqs
-    for seq, n in zip(out.seqs, out.num_new_tokens):
-        assert seq.status == SequenceStatus.RUNNING and 0 < n <= seq.num_uncomputed_tokens
-        seq.num_computed_tokens += n
-        live = [b for b in seq.block_table if b != NO_BLOCK]
-        assert cdiv(seq.num_computed_tokens, sched.blocks.block_size) <= len(seq.block_table)
-        if window is not None:  # memory stops growing at the window plus a chunk
-            assert len(live) <= cdiv(window + n, sched.blocks.block_size) + 1
-        sched.blocks.cache_full_blocks(seq)
-    for seq in out.seqs:
-        if seq.num_computed_tokens == len(seq):
-            seq.token_ids.append(len(seq) % 7)
-            if len(seq.output_token_ids) >= max_tokens[seq.request_id]:
-                sched.finish(seq, "length")
-    return out
+STOP = 3
 
 
-@settings(max_examples=120, deadline=None)
+def true_token(request_id: str, k: int) -> int:
+    """The token a deterministic model samples as request `request_id`'s k-th output."""
+    return (sum(map(ord, request_id)) * 7 + k * k) % 5
+
+
+class FakeRunner:
+    """`ModelRunner`'s interface. It checks each step as the GPU would need it, and "samples" true tokens."""
+
+    def __init__(self, scheduler: Scheduler, window=None):
+        self.scheduler, self.window = scheduler, window
+        self.last_sampled_rows: dict[str, int] = {}
+        self.num_steps = 0
+
+    def execute_model(self, out):
+        sched, bs = self.scheduler, self.scheduler.blocks.block_size
+        assert 0 < sum(out.num_new_tokens) <= sched.max_num_batched_tokens    # the token budget holds
+        assert len(out.seqs) == len(set(out.seqs)) <= sched.max_num_seqs
+        assert all(e.num_tokens == 1 and e.samples for e in out.decodes)
+        for e in out.entries:
+            seq = e.seq
+            assert seq.status == SequenceStatus.RUNNING and e.num_tokens > 0
+            assert cdiv(e.start + e.num_tokens, bs) <= len(seq.block_table)   # every new token has a slot
+            assert all(b != NO_BLOCK for b in seq.block_table[e.start // bs:])
+            if self.window is not None:  # memory stops growing at the window plus a chunk
+                live = [b for b in seq.block_table if b != NO_BLOCK]
+                assert len(live) <= cdiv(self.window + e.num_tokens, bs) + 1
+            known = seq.token_ids[e.start:e.start + e.num_tokens]
+            if len(known) < e.num_tokens:  # its input token is still on the "GPU": the last step sampled it
+                assert e.num_tokens == 1 and seq.request_id in self.last_sampled_rows
+            # A sampling entry reaches its last token (its sample is already counted as a placeholder).
+            end = e.start + e.num_tokens
+            assert end == seq.num_tokens - 1 if e.samples else end < seq.num_tokens
+        self.num_steps += 1
+        return [true_token(e.seq.request_id, e.start + e.num_tokens - e.seq.num_prompt_tokens)
+                for e in out.entries if e.samples]
+
+    def sample(self, tokens, out):
+        self.last_sampled_rows = {seq.request_id: i for i, seq in enumerate(out.sampled_seqs)}
+        return SimpleNamespace(tolist=lambda: tokens)
+
+
+def fake_engine(scheduler: Scheduler, async_scheduling: bool, window=None) -> LLMEngine:
+    """The real LLMEngine step loop around the real scheduler, with the fake runner."""
+    engine = object.__new__(LLMEngine)
+    engine.config = SimpleNamespace(async_scheduling=async_scheduling)
+    engine.scheduler, engine.runner, engine._in_flight = scheduler, FakeRunner(scheduler, window), None
+    return engine
+
+
+def expected_tokens(seq: Sequence, max_model_len: int) -> list[int]:
+    tokens = []
+    while len(tokens) < seq.params.max_tokens and seq.num_prompt_tokens + len(tokens) < max_model_len:
+        tokens.append(true_token(seq.request_id, len(tokens)))
+        if tokens[-1] in seq.params.stop_token_ids:
+            break
+    return tokens
+
+
+@settings(max_examples=150, deadline=None)
 @given(st.data())
-def test_every_request_finishes_and_nothing_leaks(data):
+def test_every_request_gets_exactly_its_tokens_and_nothing_leaks(data):
     block_size = data.draw(st.integers(1, 4))
     window = data.draw(st.one_of(st.none(), st.integers(2, 9)))
     chunked = data.draw(st.booleans())
-    max_prompt, max_out = 12, 6
-    budget = data.draw(st.integers(1, 16)) if chunked else data.draw(st.integers(max_prompt + max_out, 40))
+    max_prompt, max_out, max_model_len = 12, 6, 16
+    budget = data.draw(st.integers(1, 16)) if chunked else data.draw(st.integers(max_model_len, 40))
     # The engine refuses requests that can never fit; here the pool fits the longest one.
-    min_blocks = cdiv(max_prompt + max_out, block_size)
+    min_blocks = cdiv(max_model_len, block_size) + 1
     bm = BlockManager(data.draw(st.integers(min_blocks, min_blocks + 10)), block_size,
                       enable_prefix_caching=window is None)
-    sched = Scheduler(bm, data.draw(st.integers(1, 5)), budget, chunked, window,
-                      continuous=data.draw(st.booleans()))
-    max_tokens, everyone, aborted = {}, [], set()
+    sched = Scheduler(bm, data.draw(st.integers(1, 5)), budget, max_model_len, enable_chunked_prefill=chunked,
+                      sliding_window=window, continuous=data.draw(st.booleans()))
+    engine = fake_engine(sched, async_scheduling=data.draw(st.booleans()), window=window)
+    everyone, aborted, outputs = [], set(), {}
     for step in range(400):
         if step < 30 and data.draw(st.booleans()):
-            rid = str(step)
-            seq = Sequence(rid, data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=max_prompt)),
-                           SamplingParams())
-            max_tokens[rid] = data.draw(st.integers(1, max_out))
+            params = SamplingParams(max_tokens=data.draw(st.integers(1, max_out)),
+                                    stop_token_ids=[STOP] if data.draw(st.booleans()) else None)
+            # Prompts drawn from a few ids, so that prefixes repeat and the prefix cache has hits.
+            seq = Sequence(str(step), data.draw(st.lists(st.integers(0, 2), min_size=1, max_size=max_prompt)), params)
             everyone.append(seq)
             sched.add(seq)
-        if everyone and data.draw(st.integers(0, 9)) == 0:
+        if everyone and data.draw(st.integers(0, 9)) == 0:   # an abort, possibly of a request in a step in flight
             victim = data.draw(st.sampled_from(everyone))
-            if not victim.is_finished:
-                sched.finish(victim, "abort")
+            if engine.abort_request(victim.request_id) is not None:
                 aborted.add(victim.request_id)
-        simulate_step(sched, max_tokens, window)
+        for out in engine.step():
+            assert out.request_id not in outputs or not outputs[out.request_id].finished  # nothing after the end
+            outputs[out.request_id] = out
         check_invariants(bm, sched.running)
         assert all(not s.block_table for s in sched.waiting)
-        if step >= 30 and not sched.num_unfinished:
+        assert len(sched.running) <= sched.max_num_seqs
+        if step >= 30 and not engine.has_unfinished_requests():
             break
-    assert sched.num_unfinished == 0, "a request never finished"
+    assert not engine.has_unfinished_requests(), "a request never finished"
     for seq in everyone:
-        assert seq.is_finished
-        if seq.request_id not in aborted:
-            assert len(seq.output_token_ids) == max_tokens[seq.request_id]
+        assert seq.is_finished and seq.num_output_placeholders in (0, 1)
+        want = expected_tokens(seq, max_model_len)
+        if seq.request_id in aborted:
+            assert seq.output_token_ids == want[:len(seq.output_token_ids)]
+        else:
+            assert seq.output_token_ids == want and outputs[seq.request_id].finished
+            assert seq.finish_reason == ("stop" if want[-1] in seq.params.stop_token_ids else "length")
     assert bm.num_free_blocks == bm.num_total_blocks
+
+
+def test_a_request_that_stops_wastes_at_most_the_step_in_flight():
+    # b's second token is its stop token; with async scheduling b is already in the next step when
+    # that token reaches the host: that step's token for b is dropped, and b's blocks come back.
+    bm = BlockManager(16, 4)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    engine = fake_engine(sched, async_scheduling=True)
+    stop_at = true_token("b", 1)
+    b = Sequence("b", [1, 2, 3], SamplingParams(max_tokens=10, stop_token_ids=[stop_at]))
+    sched.add(b)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert b.output_token_ids == [true_token("b", 0), stop_at] and b.finish_reason == "stop"
+    assert engine.runner.num_steps == 3  # prefill, the stop token, one step wasted
+    assert bm.num_free_blocks == bm.num_total_blocks
+
+
+def test_a_request_at_its_length_limit_is_not_scheduled_again():
+    # The token in flight is surely the last (max_tokens): no step is wasted on it.
+    bm = BlockManager(16, 4)
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    engine = fake_engine(sched, async_scheduling=True)
+    sched.add(Sequence("a", [1, 2, 3], SamplingParams(max_tokens=3)))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.runner.num_steps == 3
 
 
 def test_decodes_go_first_and_long_prompts_are_chunked():
     bm = BlockManager(64, 4)
-    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=10)
-    short = Sequence("short", [1, 2, 3], SamplingParams())
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=10, max_model_len=64)
+    engine = fake_engine(sched, async_scheduling=False)
+    short = Sequence("short", [1, 2, 3], SamplingParams(max_tokens=50))
     sched.add(short)
-    simulate_step(sched, {"short": 50})
-    long = Sequence("long", list(range(30)), SamplingParams())
+    engine.step()
+    long = Sequence("long", list(range(30)), SamplingParams(max_tokens=5))
     sched.add(long)
     for _ in range(3):
-        out = simulate_step(sched, {"short": 50, "long": 5})
-        assert out.seqs[0] is short and out.num_new_tokens[0] == 1     # the decode never waits
-        assert out.num_new_tokens[1] == 9                               # the prompt fills the rest
+        out = sched.schedule()
+        assert out.decodes[0].seq is short and out.num_decodes == 1     # the decode never waits
+        assert out.prefills[0].seq is long and out.prefills[0].num_tokens == 9   # the prompt fills the rest
+        engine._process((out, engine.runner.sample(engine.runner.execute_model(out), out)))
     assert long.num_computed_tokens == 27
 
 
 def test_preemption_frees_the_newest_and_requeues_it_first():
     bm = BlockManager(4, 2)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64)
-    a, b = Sequence("a", [1, 2, 3], SamplingParams()), Sequence("b", [4, 5, 6], SamplingParams())
+    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    engine = fake_engine(sched, async_scheduling=False)
+    a, b = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=9)), Sequence("b", [4, 5, 6], SamplingParams(max_tokens=9))
     sched.add(a), sched.add(b)
-    simulate_step(sched, {"a": 9, "b": 9})            # both prefilled: 2 blocks each, pool full
+    engine.step()                                     # both prefilled: 2 blocks each, pool full
     assert bm.num_free_blocks == 0
-    simulate_step(sched, {"a": 9, "b": 9})            # tokens 4: still inside the blocks
-    out = simulate_step(sched, {"a": 9, "b": 9})      # token 5 needs a block: b goes
+    engine.step()                                     # tokens 4: still inside the blocks
+    out = sched.schedule()                            # token 5 needs a block: b goes
     assert sched.num_preemptions == 1 and out.seqs == [a] and sched.waiting[0] is b
-    assert b.num_computed_tokens == 0 and b.block_table == []
+    assert b.num_computed_tokens == 0 and b.block_table == [] and out.released_request_ids == ["b"]
