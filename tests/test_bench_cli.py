@@ -1,8 +1,12 @@
 """The benchmark CLI runs every engine and the ablation end to end (smoke sizes, CPU) and
-writes its JSON and plot."""
+writes its JSON and plot; a failed engine makes it exit non-zero, after saving what it measured."""
 import json
 
-from minivllm.bench.__main__ import ABLATION, ENGINES, main
+import pytest
+import torch
+
+from minivllm.bench import runners
+from minivllm.bench.__main__ import ABLATION, ENGINES, main, make_workloads, parse_args
 
 
 def test_cli_runs_every_engine_and_the_ablation(tiny_llama, tmp_path, capsys):
@@ -16,3 +20,54 @@ def test_cli_runs_every_engine_and_the_ablation(tiny_llama, tmp_path, capsys):
     assert result["decode"]["batch1"]["ms_per_token"] > 0
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert "minivllm" in capsys.readouterr().out
+
+
+def test_a_failed_engine_exits_non_zero_after_saving_the_rest(tiny_llama, tmp_path, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("engine broke")
+    monkeypatch.setattr(runners, "run_minivllm", broken)
+    out = tmp_path / "bench.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--smoke", "--no-decode", "--engines", "minivllm,hf-static", "--model", tiny_llama[0], "--out", str(out)])
+    assert exit_info.value.code == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0] == {"engine": "minivllm", "workload": "W1", "error": "RuntimeError: engine broke"}
+    assert rows[1]["engine"] == "transformers static batch" and rows[1]["output_tok_s"] > 0
+    assert "minivllm on W1" in capsys.readouterr().err
+
+
+def test_results_go_to_bench_results_in_the_current_directory(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main(["--smoke", "--no-decode", "--engines", "minivllm", "--model", tiny_llama[0]])
+    assert sorted(p.name for p in (tmp_path / "bench-results").iterdir()) == ["smoke_bench_w1.json",
+                                                                             "smoke_bench_w1.png"]
+    assert not (tmp_path / "figures").exists()
+
+
+def test_default_model_follows_the_device(monkeypatch):
+    monkeypatch.delenv("MINIVLLM_MODEL", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert parse_args([]).model == "smollm2-135m"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert parse_args([]).model == "mistral-7b"
+    assert parse_args(["--model", "my-folder"]).model == "my-folder"
+
+
+def test_w3_offline_is_every_w3_request_at_once():
+    full, smoke = make_workloads(["w3-offline"], 32000, smoke=False)[0], make_workloads(["w3-offline"], 32000, True)[0]
+    assert (full.name, len(full.prompts), full.num_output_tokens) == ("W3-offline", 1000, 150_000)
+    assert (smoke.name, len(smoke.prompts)) == ("W3-offline", 4)
+    assert len({tuple(p[:8]) for p in smoke.prompts}) == 1  # the shared system prompt
+
+
+def test_cli_runs_w1_w2_and_w3_offline(tiny_llama, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    main(["--smoke", "--workload", "w1,w2,w3-offline", "--engines", "minivllm,hf-static", "--model", tiny_llama[0],
+          "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["workloads"] == ["W1", "W2", "W3-offline"]
+    # hf-static generates one length for every request: it skips W2, whose lengths differ.
+    assert [(row["engine"], row["workload"]) for row in result["rows"]] == [
+        ("minivllm", "W1"), ("minivllm", "W2"), ("minivllm", "W3-offline"),
+        ("transformers static batch", "W1"), ("transformers static batch", "W3-offline")]
+    assert "W2: skipping hf-static" in capsys.readouterr().out

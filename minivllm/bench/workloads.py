@@ -9,6 +9,7 @@ no tokenizer, work with dummy weights of any shape, and pin the prompt lengths e
   drawn exactly as nano-vllm draws them, so its published totals (133,966 output tokens) match.
 - W3, serving the post's 1000 customers: 1000 requests that share one 128-token system prompt, each
   followed by its own user part of 16 to 256 tokens, 150 output tokens each (``python -m minivllm.bench.serve``).
+- W3-offline: W3's requests all submitted at t=0, one offline generate (``python -m minivllm.bench``).
 
 Run them with ``ignore_eos=True`` so every request produces exactly ``max_tokens`` tokens; otherwise
 random weights stop at random places and the token count is no longer the workload's.
@@ -23,7 +24,7 @@ Example::
 """
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,13 @@ def w3(
     lengths = [rng.randint(min_user, max_user) for _ in range(num_requests)]
     prompts = [system + [rng.randrange(low, vocab_size) for _ in range(n)] for n in lengths]
     return Workload("W3", prompts, [output_len] * num_requests)
+
+
+def w3_offline(vocab_size: int, **sizes) -> Workload:
+    """W3's requests (same arguments as ``w3``) submitted all at once: the serving workload as an
+    offline batch job. Named "W3-offline", one word, because ``base_workload`` keeps a name's first
+    word: its rows and its roofline must not be mistaken for W3's."""
+    return replace(w3(vocab_size, **sizes), name="W3-offline")
 
 
 def base_workload(name: str) -> str:
