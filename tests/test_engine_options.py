@@ -2,7 +2,8 @@
 block sizes 1 and 16, pools so small that sequences are preempted, step budgets so small that
 prefills are chunked, shared prefixes in the prefix cache, sliding windows shorter than the
 prompt, generation far past the window, contiguous cache and static batching, and the
-Triton kernels in place of the torch reference attention."""
+Triton kernels in place of the torch reference attention; each with the CPU and the GPU overlapped
+(async scheduling, the default) and without."""
 import itertools
 
 import pytest
@@ -43,10 +44,10 @@ OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("model,option", list(itertools.product(["llama", "mistral"], OPTIONS)))
-def test_greedy_equals_transformers(references, model, option):
+@pytest.mark.parametrize("model,option,overlap", list(itertools.product(["llama", "mistral"], OPTIONS, [True, False])))
+def test_greedy_equals_transformers(references, model, option, overlap):
     folder, prompts, refs = references[model]
-    args = dict(max_model_len=80, block_size=16, num_kv_blocks=40) | OPTIONS[option]
+    args = dict(max_model_len=80, block_size=16, num_kv_blocks=40, async_scheduling=overlap) | OPTIONS[option]
     llm = LLM(folder, **args)
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=N, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == refs
@@ -54,6 +55,26 @@ def test_greedy_equals_transformers(references, model, option):
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
     if option in ("tiny pool (preemption)", "triton kernels, tiny pool"):
         assert stats["num_preemptions"] > 0
+
+
+@pytest.mark.parametrize("option", ["default", "tiny pool (preemption)", "tiny budget (chunked prefill)"])
+def test_stops_while_a_step_is_in_flight_change_nothing(references, option):
+    # Requests that end early (a stop token, a short max_tokens) finish while the next step already
+    # holds them: overlapped or not, every request gets the same tokens, and no block leaks.
+    folder, prompts, refs = references["llama"]
+    params = [SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, stop_token_ids=[ref[3 + i]])
+              if i % 2 else SamplingParams(temperature=0, max_tokens=2 + i, ignore_eos=True)
+              for i, ref in enumerate(refs)]
+    results = []
+    for overlap in (True, False):
+        args = dict(max_model_len=80, block_size=16, num_kv_blocks=40, async_scheduling=overlap) | OPTIONS[option]
+        llm = LLM(folder, **args)
+        results.append([(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in llm.generate(prompts, params)])
+        stats = llm.llm_engine.get_stats()
+        assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    assert results[0] == results[1]
+    for (tokens, reason), ref, p in zip(results[0], refs, params):
+        assert tokens == ref[:len(tokens)] and reason == ("stop" if p.stop_token_ids else "length")
 
 
 def test_shared_prefix_is_computed_once(references):
