@@ -5,6 +5,9 @@
 #   bash scripts/gpu_bench.sh w1      # W1: every engine, the ablation, batch-1 decode and its profile
 #   bash scripts/gpu_bench.sh w2      # W2: minivllm vs transformers' continuous batching, W2-shaped decode step profile
 #   bash scripts/gpu_bench.sh w3      # W3-offline (1000 requests at once): minivllm vs transformers' continuous batching
+#   bash scripts/gpu_bench.sh overlap # the step loop's run: GPU engine tests, then W1, W2 and W3-offline with minivllm
+#                                     # (batch 1 and the decode profiles, W2's included), then W1 with transformers'
+#                                     # continuous batching and the ablation (async scheduling off among the rows)
 # Logs, JSON and plots go to $OUT (or ./gpu-out).
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
@@ -30,5 +33,12 @@ case "$1" in
     # ~4 minutes on the H200: transformers 3.6 (~700 tok/s x 150k tokens), minivllm 11 s.
     python3 -m minivllm.bench --workload w3-offline --engines minivllm,hf-continuous --no-decode \
       --out "$OUT/bench_w3_offline.json" 2>&1 | tee "$OUT/bench_w3_offline.log" ;;
-  *) echo "usage: bash scripts/gpu_bench.sh tests|w1|w2|w3"; exit 2 ;;
+  overlap)
+    # ~8 minutes on the H200; each part writes its JSON as soon as it ends.
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
+    python3 -m minivllm.bench --workload w1,w2,w3-offline --engines minivllm \
+      --out "$OUT/bench_w1_w2_w3.json" 2>&1 | tee "$OUT/bench_w1_w2_w3.log"
+    python3 -m minivllm.bench --workload w1 --engines hf-continuous,minivllm --ablation --no-decode \
+      --out "$OUT/bench_w1.json" 2>&1 | tee "$OUT/bench_w1.log" ;;
+  *) echo "usage: bash scripts/gpu_bench.sh tests|w1|w2|w3|overlap"; exit 2 ;;
 esac

@@ -41,12 +41,13 @@ def main():
     engine, runner = llm.llm_engine, llm.llm_engine.runner
     batches = []
 
-    def run_without_model(seqs, num_new_tokens):
-        runner.prepare(seqs, num_new_tokens)  # the step's inputs are still built: that is CPU work
-        batches.append((len(seqs), all(n == 1 for n in num_new_tokens)))
-        return torch.zeros(len(seqs), 1)  # one logit per row: greedy picks token 0, at no cost
+    def run_without_model(scheduler_output):
+        runner.prepare(scheduler_output)  # the step's inputs are still built: that is CPU work
+        batches.append((len(scheduler_output.seqs), not scheduler_output.prefills))
+        # one logit per sampling row: greedy picks token 0, at no cost
+        return torch.zeros(len(scheduler_output.sampled_seqs), 1)
 
-    runner.run = run_without_model
+    runner.execute_model = run_without_model
     for i, (prompt, n) in enumerate(zip(work.prompts, work.max_tokens)):
         engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     step_ms = []

@@ -17,6 +17,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
     dict(attention_backend="torch"),                    # the torch reference attention
     dict(attention_backend="torch", block_size=4, num_kv_blocks=36, max_num_batched_tokens=7),
     dict(max_num_seqs=5, block_size=5),                 # odd block size; 3 decodes padded to a graph of 4
+    dict(async_scheduling=False),                       # the CPU's and the GPU's work one after the other
+    dict(async_scheduling=False, block_size=4, num_kv_blocks=36, max_num_batched_tokens=7),
 ])
 def test_greedy_matches_transformers_on_the_gpu(tiny_llama, tiny_mistral, options):
     from transformers import AutoModelForCausalLM
@@ -31,6 +33,33 @@ def test_greedy_matches_transformers_on_the_gpu(tiny_llama, tiny_mistral, option
             ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, min_new_tokens=24,
                               do_sample=False)[0, len(p):].tolist()
             assert o.outputs[0].token_ids == ref
+
+
+def test_requests_ending_while_a_step_is_in_flight_on_the_gpu(tiny_llama):
+    # With CUDA graphs and real streams: requests that stop on a token or are aborted while the next
+    # step holds them. The overlapped engine gives the serial one's tokens, and no block leaks.
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (4, 19, 33, 7, 12)]
+    results = []
+    for overlap in (True, False):
+        llm = LLM(tiny_llama[0], dtype="float32", max_model_len=96, num_kv_blocks=24, max_num_seqs=8,
+                  async_scheduling=overlap)
+        greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+        params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop_token_ids=[o.outputs[0].token_ids[4]])
+                  for o in greedy]
+        results.append([o.outputs[0].token_ids for o in greedy + llm.generate(prompts, params)])
+        engine = llm.llm_engine
+        for i, p in enumerate(prompts):
+            engine.add_request(f"abort-{i}", p, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+        for _ in range(4):
+            engine.step()
+        for i in range(0, len(prompts), 2):
+            engine.abort_request(f"abort-{i}")
+        while engine.has_unfinished_requests():
+            engine.step()
+        stats = engine.get_stats()
+        assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    assert results[0] == results[1]
 
 
 def test_bf16_logits_close_to_float32(tiny_llama):

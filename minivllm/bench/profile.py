@@ -11,9 +11,11 @@ is what fused kernels and CUDA graphs remove.
 from __future__ import annotations
 
 import time
+from unittest import mock
 
 import torch
 
+from ..engine.model_runner import SampledTokens
 from ..sampling_params import SamplingParams
 from .metrics import median
 
@@ -89,3 +91,62 @@ def decode_step_profile(llm, batch: int, context: int, steps: int = 5, top: int 
         "top_kernels": [{"name": e.key[:80], "ms_per_step": e.self_device_time_total / 1e3 / steps}
                         for e in kernels],
     }
+
+
+def decode_step_cpu_ms(llm, batch: int, context: int, steps: int = 20) -> list[dict]:
+    """Per decode step: its wall time, the part of it the CPU spent waiting for the GPU's sampled tokens
+    (`SampledTokens.tolist`), and the rest, the CPU's own work (scheduling, preparing, launching,
+    bookkeeping). Without overlap the GPU idles through all of the CPU's work; with it, through none
+    as long as the CPU's work is shorter than the GPU's."""
+    engine = llm.llm_engine
+    seqs = _start_decoding(engine, batch, context)
+    waited = []
+    wait = SampledTokens.tolist
+
+    def timed_wait(self):
+        t0 = time.perf_counter()
+        try:
+            return wait(self)
+        finally:
+            waited.append((time.perf_counter() - t0) * 1e3)
+
+    rows = []
+    with mock.patch.object(SampledTokens, "tolist", timed_wait):
+        for _ in range(steps):
+            waited.clear()
+            t0 = time.perf_counter()
+            engine.step()
+            wall = (time.perf_counter() - t0) * 1e3
+            rows.append({"wall_ms": wall, "wait_ms": sum(waited), "cpu_ms": wall - sum(waited)})
+    _stop(engine, seqs)
+    return rows
+
+
+def decode_timeline(llm, batch: int, context: int, steps: int = 4) -> dict:
+    """What the CPU and the GPU do during `steps` decode steps, from the torch profiler: the interval
+    of each `step()` call on the CPU, of each wait for sampled tokens in it, and of every GPU kernel or
+    copy, in ms from the first step's start (CUDA only)."""
+    engine = llm.llm_engine
+    seqs = _start_decoding(engine, batch, context)
+    wait = SampledTokens.tolist
+
+    def marked_wait(self):
+        with torch.profiler.record_function("wait for sampled tokens"):
+            return wait(self)
+
+    with mock.patch.object(SampledTokens, "tolist", marked_wait), torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            with torch.profiler.record_function("engine.step"):
+                engine.step()
+        torch.cuda.synchronize()
+    _stop(engine, seqs)
+    events = prof.events()
+    spans = lambda keep: sorted((e.time_range.start, e.time_range.end) for e in events if keep(e))  # noqa: E731
+    step_spans = spans(lambda e: e.name == "engine.step" and e.device_type == torch.autograd.DeviceType.CPU)
+    t0 = step_spans[0][0]
+    to_ms = lambda intervals: [((a - t0) / 1e3, (b - t0) / 1e3) for a, b in intervals]  # noqa: E731
+    return {"batch": batch, "context": context, "steps": to_ms(step_spans),
+            "waits": to_ms(spans(lambda e: e.name == "wait for sampled tokens"
+                                 and e.device_type == torch.autograd.DeviceType.CPU)),
+            "gpu": to_ms(spans(lambda e: e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.start >= t0))}

@@ -84,7 +84,8 @@ class BlockManager:
 
     def num_blocks_needed(self, seq, num_tokens: int) -> int:
         """New blocks `seq` needs so that its first `num_tokens` tokens have slots."""
-        return max(0, cdiv(num_tokens, self.block_size) - len(seq.block_table))
+        need = cdiv(num_tokens, self.block_size) - len(seq.block_table)
+        return need if need > 0 else 0  # not max(0, need): this runs for every sequence at every step
 
     def can_allocate(self, seq, num_tokens: int) -> bool:
         return self.num_blocks_needed(seq, num_tokens) <= self.num_free_blocks
@@ -146,9 +147,10 @@ class BlockManager:
         """After a step: name the sequence's newly completed blocks so later requests can share them.
         A block is named once its tokens are computed and their ids known on the host (a token
         sampled in a step still in flight is not known yet: `len(seq)` stops before it)."""
-        if not self.enable_prefix_caching:
-            return
-        hashes = self._hashes(seq, min(seq.num_computed_tokens, len(seq)) // self.block_size)
+        num_full_blocks = min(seq.num_computed_tokens, len(seq)) // self.block_size
+        if not self.enable_prefix_caching or num_full_blocks <= seq.num_cached_blocks:
+            return  # the common case at a decode step: no block filled up
+        hashes = self._hashes(seq, num_full_blocks)
         for i in range(seq.num_cached_blocks, len(hashes)):
             block = self.blocks[seq.block_table[i]]
             if block.hash is None and hashes[i] not in self.cached:

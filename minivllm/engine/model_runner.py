@@ -124,6 +124,8 @@ class ModelRunner:
                 sample_seqs.append(i)
         context_lens = [s + n for s, n in zip(starts, lens)]
         num_decodes = scheduler_output.num_decodes
+        max_context_len = max(context_lens)
+        max_decode_context_len = max(context_lens[:num_decodes], default=0)
 
         # Positions, slots and block tables by a few vectorised ops over the batch, on the host.
         B, T, bs = len(entries), len(token_ids), self.block_size
@@ -132,7 +134,7 @@ class ModelRunner:
         torch.cumsum(lens_t, 0, out=cu_seqlens[1:])
         owner = torch.repeat_interleave(torch.arange(B), lens_t)           # the sequence of each token
         positions = starts_t[owner] + torch.arange(T) - cu_seqlens[owner]
-        width = cdiv(max(context_lens), bs)
+        width = cdiv(max_context_len, bs)
         block_tables = self.block_table.table[torch.tensor(rows), :width]
         slots = block_tables[owner, positions // bs].long() * bs + positions % bs
         sample_index = cu_seqlens[1:][sample_seqs] - 1
@@ -152,8 +154,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             cu_seqlens_q=cu_seqlens.int(), context_lens=context_lens.int(), slot_mapping=slots,
             block_tables=block_tables.view(B, width).int(), block_size=bs, max_query_len=max(lens),
-            max_context_len=max(context_lens), num_decodes=num_decodes,
-            max_decode_context_len=max(context_lens[:num_decodes], default=0))
+            max_context_len=max_context_len, num_decodes=num_decodes, max_decode_context_len=max_decode_context_len)
         return input_ids, positions, meta, sample_index
 
     @torch.inference_mode()
