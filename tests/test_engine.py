@@ -168,6 +168,18 @@ def test_prepare_sends_one_flat_batch_from_the_scheduler_output(tiny_llama):
     assert meta.num_decodes == 1 and sample_index.tolist() == [0]
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_block_table_rows_come_back_after_each_batch(tiny_llama, overlap):
+    # The model runner keeps a block-table row per running sequence: rows of finished requests must come
+    # back, also when the step after their end schedules nothing, or max_num_seqs rows run out.
+    llm = LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=32, max_num_seqs=2, async_scheduling=overlap)
+    for round in range(6):  # answers of different lengths: one request ends while the other's last token is in flight
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (2 + round % 3, 3)]
+        outs = llm.generate(random_prompts(2, seed=round), params)
+        assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
+    assert len(llm.llm_engine.runner.block_table.rows) <= 2
+
+
 def test_prepare_takes_an_in_flight_token_from_the_device(tiny_llama):
     # With async scheduling a decode may be scheduled before its input token reached the host: its id
     # comes from the last step's sampled tensor, by that request's row in it.

@@ -31,6 +31,7 @@ class FakeRunner:
     def __init__(self, scheduler: Scheduler, window=None):
         self.scheduler, self.window = scheduler, window
         self.last_sampled_rows: dict[str, int] = {}
+        self.rows: set[str] = set()  # the requests that hold a block-table row, as the real runner keeps them
         self.num_steps = 0
 
     def execute_model(self, out):
@@ -38,6 +39,9 @@ class FakeRunner:
         assert 0 < sum(out.num_new_tokens) <= sched.max_num_batched_tokens    # the token budget holds
         assert len(out.seqs) == len(set(out.seqs)) <= sched.max_num_seqs
         assert all(e.num_tokens == 1 and e.samples for e in out.decodes)
+        self.rows -= set(out.released_request_ids)
+        self.rows |= {seq.request_id for seq in out.seqs}
+        assert len(self.rows) <= sched.max_num_seqs, "released sequences never reached the runner"
         for e in out.entries:
             seq = e.seq
             assert seq.status == SequenceStatus.RUNNING and e.num_tokens > 0

@@ -121,6 +121,8 @@ def measure(rows: list[dict], engine: str, workload: str, run) -> None:
     except Exception as error:  # noqa: BLE001 - reported in the table and the JSON, not hidden
         traceback.print_exc()
         rows.append({"engine": engine, "workload": workload, "error": f"{type(error).__name__}: {error}"})
+    # The failed engine's memory was held by the exception's frames until here: free it before the next one.
+    free_memory()
 
 
 def make_workloads(names: list[str], vocab_size: int, smoke: bool):

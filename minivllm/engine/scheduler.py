@@ -137,7 +137,8 @@ class Scheduler:
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
                 budget -= self._schedule(out.prefills, seq, n)
-        out.released_request_ids, self._released = self._released, []
+        if out:  # an empty step runs nothing: the runner hears of the released sequences with the next one
+            out.released_request_ids, self._released = self._released, []
         return out
 
     def _schedule(self, entries: list[ScheduledSequence], seq: Sequence, n: int) -> int:

@@ -24,10 +24,12 @@ class CustomOp(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend
-        self._forward = self.forward_triton if backend == "triton" else self.forward_native
+        # The class's function, not a bound method: a bound method kept on the module would be a reference
+        # cycle, and the model's memory would wait for the garbage collector instead of being freed at once.
+        self._forward = type(self).forward_triton if backend == "triton" else type(self).forward_native
 
     def forward(self, *args, **kwargs):
-        return self._forward(*args, **kwargs)
+        return self._forward(self, *args, **kwargs)
 
     def forward_native(self, *args, **kwargs):
         raise NotImplementedError
