@@ -122,10 +122,21 @@ def decode_step_cpu_ms(llm, batch: int, context: int, steps: int = 20) -> list[d
     return rows
 
 
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted intervals, overlapping ones joined (a copy on the side stream may run beside a kernel)."""
+    merged = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def decode_timeline(llm, batch: int, context: int, steps: int = 4) -> dict:
     """What the CPU and the GPU do during `steps` decode steps, from the torch profiler: the interval
-    of each `step()` call on the CPU, of each wait for sampled tokens in it, and of every GPU kernel or
-    copy, in ms from the first step's start (CUDA only)."""
+    of each `step()` call on the CPU, of each wait for sampled tokens in it, and when the GPU was busy
+    (kernels and copies, overlapping ones joined), in ms from the first step's start (CUDA only)."""
     engine = llm.llm_engine
     seqs = _start_decoding(engine, batch, context)
     wait = SampledTokens.tolist
@@ -149,4 +160,5 @@ def decode_timeline(llm, batch: int, context: int, steps: int = 4) -> dict:
     return {"batch": batch, "context": context, "steps": to_ms(step_spans),
             "waits": to_ms(spans(lambda e: e.name == "wait for sampled tokens"
                                  and e.device_type == torch.autograd.DeviceType.CPU)),
-            "gpu": to_ms(spans(lambda e: e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.start >= t0))}
+            "gpu": _merged(to_ms(spans(lambda e: e.device_type == torch.autograd.DeviceType.CUDA
+                                       and e.time_range.start >= t0)))}
