@@ -125,3 +125,22 @@ def test_shutdown_stops_the_engine_thread(tiny_llama):
 def test_unknown_keyword_names_asyncllm(tiny_llama):
     with pytest.raises(TypeError, match=r"AsyncLLM\(\) got unknown keyword"):
         AsyncLLM(tiny_llama[0], max_model_length=10)
+
+
+def test_a_reader_leaving_late_does_not_abort_a_new_request_with_its_id(engine):
+    # The first "reuse" request has finished (its last output waits unread in its stream) when a new
+    # request takes the same id; the old reader then leaves. Only the old request may be affected.
+    async def main():
+        old = await engine.add_request("reuse", [1, 2, 3], SamplingParams(temperature=0, max_tokens=1))
+        await settled(engine)
+        new = await engine.add_request("reuse", [4, 5, 6], SamplingParams(temperature=0, max_tokens=12,
+                                                                          ignore_eos=True))
+        old.close()
+
+        async def read():
+            return [out async for out in new]
+        return await asyncio.wait_for(read(), timeout=60)  # the bug this guards against left `new` silent
+
+    outs = asyncio.run(main())
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "length"
+    assert len(outs[-1].outputs[0].token_ids) == 12

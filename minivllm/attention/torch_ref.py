@@ -38,14 +38,17 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def _pad_index(cu_seqlens: torch.Tensor, max_len: int, num_tokens: int):
     """Index of each sequence's i-th token in the flat batch, whether it exists, where the real
-    tokens sit in the padded layout (to unpad without a boolean mask, which would cost a host
-    synchronisation at every layer), and the lengths."""
+    tokens sit in the padded layout, and the lengths. `unpad` is computed from the token count the
+    host knows, not with `nonzero()` or a boolean mask, whose output size the host would have to wait
+    for the GPU to learn: the CPU then keeps running ahead of the GPU (notebook 12)."""
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     i = torch.arange(max_len, device=cu_seqlens.device)
     valid = i[None, :] < lens[:, None]
     index = (cu_seqlens[:-1, None] + i[None, :]).clamp(max=num_tokens - 1)
-    unpad = valid.flatten().nonzero().squeeze(1)
-    return index.long(), valid, unpad, lens
+    token = torch.arange(num_tokens, device=cu_seqlens.device)
+    owner = torch.searchsorted(cu_seqlens[1:].contiguous(), token.to(cu_seqlens.dtype), right=True)
+    unpad = owner * max_len + token - cu_seqlens[owner]
+    return index.long(), valid, unpad.long(), lens
 
 
 def attention_mask(q_lens, kv_lens, num_queries, num_keys, sliding_window=None, q_valid=None):

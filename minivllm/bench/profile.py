@@ -53,8 +53,9 @@ def _stop(engine, seqs: list) -> None:
 
 
 def decode_step_times_ms(llm, batch: int, context: int, steps: int = 20) -> list[float]:
-    """Wall time of each of `steps` decode steps at this batch size and context length. Each
-    step ends by copying the sampled tokens to the host, so its wall time includes the GPU work."""
+    """Wall time of each of `steps` decode steps at this batch size and context length. Each `step()`
+    waits for sampled tokens on the host (with async scheduling, those of the step before), so in a
+    run of steps each one's wall time is the steady-state time per step, GPU work included."""
     engine = llm.llm_engine
     seqs = _start_decoding(engine, batch, context)
     times = []
@@ -75,6 +76,7 @@ def decode_step_profile(llm, batch: int, context: int, steps: int = 5, top: int 
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
+        torch.cuda.synchronize()  # the kernels of the last step launched are recorded too
     _stop(engine, seqs)
     averages = prof.key_averages()
     events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]

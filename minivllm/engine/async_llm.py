@@ -91,10 +91,13 @@ class AsyncLLM:
         """End a request now; its stream (if someone reads it) gets a last output, finish_reason "abort"."""
         self._commands.put(("abort", request_id))
 
-    def _drop(self, request_id: str) -> None:
-        """A stream's reader is gone: nobody hears of the request any more, and the engine ends it."""
-        self._streams.pop(request_id, None)
-        self._commands.put(("abort", request_id))
+    def _drop(self, stream: "RequestStream") -> None:
+        """A stream's reader is gone: nobody hears of the request any more, and the engine ends it. (Unless
+        the id already names a newer request, which a client may add once the old one has finished.)"""
+        registered = self._streams.get(stream.request_id)
+        if registered is not None and registered[1] is stream._outputs:
+            del self._streams[stream.request_id]
+            self._commands.put(("abort", stream.request_id))
 
     def get_stats(self) -> dict:
         return self.llm_engine.get_stats()
@@ -185,4 +188,4 @@ class RequestStream:
         """Idempotent; called when the reader leaves (a client that hung up, a consumer that broke off)."""
         if not self.finished:
             self.finished = True
-            self.engine._drop(self.request_id)
+            self.engine._drop(self)

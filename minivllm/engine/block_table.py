@@ -8,6 +8,9 @@ running sequence keeps a row here, and a step writes only the blocks added since
 
 A block released outside a sliding window (a hole in the sequence's list) keeps its old id here:
 attention never reads positions outside the window, so what that block now holds is never used.
+Likewise a row handed to a new sequence keeps the previous owner's ids past the new one's blocks:
+attention reads a sequence's blocks only up to its context length (the Triton kernels stop there,
+the torch reference gathers further but masks those keys).
 """
 from __future__ import annotations
 

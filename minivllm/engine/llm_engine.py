@@ -174,19 +174,26 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Advance every scheduled request by one step; the outputs of those that advanced.
 
-        With async scheduling the next step is already on the GPU when this returns: each call
-        launches step n+1, then waits for step n and returns its outputs."""
+        With async scheduling the next step is already on the GPU when this returns: each call launches
+        step n+1, then waits for step n and returns its outputs (the first call launches two steps)."""
         if not self.config.async_scheduling:
             launched = self._launch()
             return self._process(launched) if launched else []
-        if self._in_flight is None or all(seq.is_finished for seq in self._in_flight[0].seqs):
-            if self._in_flight is not None:  # every request in it ended meanwhile: nothing to wait for
-                self._process(self._in_flight)
+        self._discard_stale_step()
+        if self._in_flight is None:
             self._in_flight = self._launch()
             if self._in_flight is None:
                 return []
         done, self._in_flight = self._in_flight, self._launch()  # step n+1 is queued before we wait for step n
-        return self._process(done)
+        outputs = self._process(done)
+        self._discard_stale_step()  # e.g. the last requests just ended: nothing is left to wait for
+        return outputs
+
+    def _discard_stale_step(self) -> None:
+        """Forget the step in flight if every request in it has ended meanwhile (finished, aborted)."""
+        if self._in_flight is not None and all(seq.is_finished for seq in self._in_flight[0].seqs):
+            self.scheduler.discard_output(self._in_flight[0])
+            self._in_flight = None
 
     def _launch(self) -> tuple[SchedulerOutput, SampledTokens] | None:
         """Schedule -> execute -> sample, without waiting for the GPU."""

@@ -66,8 +66,8 @@ class ModelRunner:
         self.sampler = Sampler(self.device, seed)
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: DecodeGraphs | None = None
-        self.pin = self.device.type == "cuda"
-        self.copy_stream = torch.cuda.Stream(self.device) if self.pin else None
+        self.use_async_copies = self.device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(self.device) if self.use_async_copies else None
         # The last step's sampled ids, still on the device, and the row of each request in them.
         self._last_sampled = torch.zeros(0, dtype=torch.int64, device=self.device)
         self._last_sampled_rows: dict[str, int] = {}
@@ -109,19 +109,21 @@ class ModelRunner:
         sample_index holds the flat index of the last token of every sequence that samples."""
         self.block_table.release(scheduler_output.released_request_ids)
         entries = scheduler_output.entries
-        rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_seqs = [], [], [], [], [], [], []
+        rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_rows = [], [], [], [], [], [], []
         for i, e in enumerate(entries):
             rows.append(self.block_table.row_of(e.seq))
             starts.append(e.start)
             lens.append(e.num_tokens)
             tokens = e.seq.token_ids[e.start:e.start + e.num_tokens]
             if len(tokens) < e.num_tokens:  # a decode of the token the step in flight sampled
+                # (only ever a decode: the scheduler admits no sequence whose token is still in flight)
+                assert e.num_tokens == 1 and e.start == len(e.seq.token_ids)
                 from_gpu_dst.append(len(token_ids))
                 from_gpu_src.append(self._last_sampled_rows[e.seq.request_id])
                 tokens = [0]
             token_ids += tokens
             if e.samples:
-                sample_seqs.append(i)
+                sample_rows.append(i)
         context_lens = [s + n for s, n in zip(starts, lens)]
         num_decodes = scheduler_output.num_decodes
         max_context_len = max(context_lens)
@@ -137,14 +139,14 @@ class ModelRunner:
         width = cdiv(max_context_len, bs)
         block_tables = self.block_table.table[torch.tensor(rows), :width]
         slots = block_tables[owner, positions // bs].long() * bs + positions % bs
-        sample_index = cu_seqlens[1:][sample_seqs] - 1
+        sample_index = cu_seqlens[1:][sample_rows] - 1
 
         # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy is
         # asynchronous), then is cut into views: one transfer per step instead of nine.
         fields = [torch.tensor(token_ids), positions, slots, cu_seqlens, torch.tensor(context_lens), sample_index,
                   torch.tensor(from_gpu_dst, dtype=torch.int64), torch.tensor(from_gpu_src, dtype=torch.int64),
                   block_tables.flatten()]
-        host = torch.empty(sum(f.numel() for f in fields), dtype=torch.int64, pin_memory=self.pin)
+        host = torch.empty(sum(f.numel() for f in fields), dtype=torch.int64, pin_memory=self.use_async_copies)
         torch.cat([f.to(torch.int64) for f in fields], out=host)
         flat = host.to(self.device, non_blocking=True)
         input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, block_tables = flat.split(

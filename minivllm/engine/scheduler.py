@@ -57,8 +57,8 @@ class ScheduledSequence:
 class SchedulerOutput:
     decodes: list[ScheduledSequence] = field(default_factory=list)    # one token each, first in the batch
     prefills: list[ScheduledSequence] = field(default_factory=list)   # a prompt chunk each
-    # Sequences that gave back their KV blocks since the last step (finished, aborted, preempted):
-    # the model runner forgets their block-table rows.
+    # Sequences that gave back their KV blocks since the last step that ran (finished, aborted,
+    # preempted): the model runner forgets their block-table rows.
     released_request_ids: list[str] = field(default_factory=list)
 
     @property
@@ -118,6 +118,8 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         for seq in [s for s in self.running if s.num_uncomputed_tokens == 1]:   # 1. decodes
+            # A sequence whose token in flight is its last stays in `running` until that token arrives
+            # (it may even be preempted meanwhile, harmlessly: it finishes at the next update all the same).
             if seq.status != SequenceStatus.RUNNING or budget == 0 or self._ends_with_placeholder(seq):
                 continue  # preempted a moment ago to make room for an older sequence, or done
             self._release_outside_window(seq)
@@ -234,6 +236,12 @@ class Scheduler:
             advanced.append(seq)
         return advanced
 
+    def discard_output(self, scheduler_output: SchedulerOutput) -> None:
+        """A step whose requests all ended while it was in flight: its tokens would all be dropped, so
+        nobody waits for them; only their placeholders are given back."""
+        for seq in scheduler_output.sampled_seqs:
+            seq.num_output_placeholders -= 1
+
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.eos_token_ids):
             return "stop"
@@ -250,4 +258,5 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self._free(seq)
-        self.requests.pop(seq.request_id, None)
+        if self.requests.get(seq.request_id) is seq:  # the id may already name a newer request
+            del self.requests[seq.request_id]

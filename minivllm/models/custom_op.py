@@ -23,7 +23,6 @@ class CustomOp(nn.Module):
     def set_backend(self, backend: str) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self.backend = backend
         # The class's function, not a bound method: a bound method kept on the module would be a reference
         # cycle, and the model's memory would wait for the garbage collector instead of being freed at once.
         self._forward = type(self).forward_triton if backend == "triton" else type(self).forward_native

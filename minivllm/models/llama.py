@@ -112,7 +112,6 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.backend = backend
         for module in self.modules():
             if isinstance(module, CustomOp):
                 module.set_backend(backend)
