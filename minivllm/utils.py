@@ -16,9 +16,14 @@ def progress(iterable=None, total=None, desc=None, enabled: bool = True):
 
 
 def default_model() -> str:
-    """MINIVLLM_MODEL, else the Mistral-7B shape (dummy weights) on a GPU, else real SmolLM2 on a CPU."""
+    """MINIVLLM_MODEL, else the notebooks' choice for this machine (`minivllm.notebook.choose_model`): the
+    Mistral-7B shape on a GPU with room for it, the Llama-3.2-1B shape on a 16 GB one, SmolLM2 on a CPU."""
     import torch
-    return os.environ.get("MINIVLLM_MODEL") or ("mistral-7b" if torch.cuda.is_available() else "smollm2-135m")
+
+    from .notebook import choose_model
+    if not torch.cuda.is_available():
+        return choose_model("cpu", None)[0]
+    return choose_model("cuda", torch.cuda.get_device_properties(0).total_memory / 2**30)[0]
 
 
 def figures_dir():

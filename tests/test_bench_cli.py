@@ -1,6 +1,7 @@
 """The benchmark CLI runs every engine and the ablation end to end (smoke sizes, CPU) and
 writes its JSON and plot; a failed engine makes it exit non-zero, after saving what it measured."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -49,7 +50,9 @@ def test_default_model_follows_the_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert parse_args([]).model == "smollm2-135m"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert parse_args([]).model == "mistral-7b"
+    for gib, model in ((141, "mistral-7b"), (16, "llama-3.2-1b")):  # an H200; a T4
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _, gib=gib: SimpleNamespace(total_memory=gib * 2**30))
+        assert parse_args([]).model == model
     assert parse_args(["--model", "my-folder"]).model == "my-folder"
 
 

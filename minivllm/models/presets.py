@@ -5,6 +5,9 @@
 - "mistral-7b": the shape of Mistral-7B-Instruct-v0.2 (32 layers, hidden 4096, 32 query heads,
   8 KV heads, FFN 14336, vocab 32000), random weights. Speed does not depend on the weights'
   values, so GPU benchmarks use it, as vLLM's own benchmarks do with `load_format="dummy"`.
+- "llama-3.2-1b": the shape of Llama-3.2-1B (16 layers, hidden 2048, 32 query heads, 8 KV heads of
+  64, FFN 8192, vocab 128256, tied embeddings, llama3 rope scaling), random weights: 2.5 GB in 16 bits,
+  the GQA model that leaves a useful KV pool on a 16 GB GPU (Colab's T4), where the 7B does not fit.
 """
 from __future__ import annotations
 
@@ -22,6 +25,17 @@ MISTRAL_7B_CONFIG = {
 }
 
 
+LLAMA_3_2_1B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "max_position_embeddings": 131072, "tie_word_embeddings": True, "bos_token_id": 128000,
+    "eos_token_id": 128001, "torch_dtype": "bfloat16",
+}
+
+
 @dataclass(frozen=True)
 class Preset:
     config: dict | None = None                 # shape only: dummy weights
@@ -31,4 +45,5 @@ class Preset:
 PRESETS = {
     "smollm2-135m": Preset(build_folder=smollm2_folder),
     "mistral-7b": Preset(config=MISTRAL_7B_CONFIG),
+    "llama-3.2-1b": Preset(config=LLAMA_3_2_1B_CONFIG),
 }

