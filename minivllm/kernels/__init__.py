@@ -3,6 +3,8 @@
 Each file is one kernel with its Python wrapper; the torch version it must match lives in
 `minivllm.models.layers` (norm, activation, rotary) or `minivllm.attention.torch_ref` (cache
 writes, attention). Without a GPU they run in Triton's interpreter (TRITON_INTERPRET=1), slowly.
+Launch settings (tiles, warps, stages) follow the GPU's compute capability, which
+MINIVLLM_KERNEL_CAPABILITY=7.5 overrides to launch them as on a T4 (see target.py).
 """
 from .rmsnorm import rms_norm
 from .silu_and_mul import silu_and_mul

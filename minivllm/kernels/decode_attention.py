@@ -33,12 +33,13 @@ The torch reference it is tested against is `minivllm.attention.torch_ref.paged_
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from .target import kernel_capability
 
 LOG2E = 1.4426950408889634  # exp(x) = 2^(x * log2 e): exp2 is the fast instruction
 
@@ -160,9 +161,9 @@ def _reduce_kernel(
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-@functools.cache  # asked at every call, at every layer: the answer never changes
 def _is_hopper(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+    """An H100/H200 (sm_90), or a GPU told to launch as one (see `target.kernel_capability`)."""
+    return device.type == "cuda" and kernel_capability(device)[0] == 9
 
 
 def _tile_size(device: torch.device) -> int:
@@ -171,8 +172,9 @@ def _tile_size(device: torch.device) -> int:
     worst case of `scripts/decode_sweep.py`, which timed 18 settings on an H200 twice, at 93-97% of
     the measured bandwidth at batch 64 x 4096 and 256 x 1024 tokens (64-token tiles with Triton's
     default 4 warps and 3 stages: 78% at batch 64 x 4096). Other GPUs, where nothing was timed, get
-    64-token tiles, the conservative choice. Under the interpreter 16, so that small tests cross
-    many tiles and blocks."""
+    64-token tiles, the conservative choice: on a T4 (sm_75, 64 KiB of shared memory per program)
+    they need 40 KiB at head_dim 128 in fp16 (tests/test_kernels_t4.py), where sm_90's setting
+    would need 72 KiB. Under the interpreter 16, so that small tests cross many tiles and blocks."""
     if device.type != "cuda":
         return 16
     return 128 if _is_hopper(device) else 64
@@ -181,7 +183,9 @@ def _tile_size(device: torch.device) -> int:
 def _warps_and_stages(device: torch.device) -> tuple[int, int]:
     """(num_warps, num_stages) for `_tile_size`'s tiles: 8 warps and 3 stages of loads in flight on
     sm_90 (see `_tile_size`), else 4 warps and 2 stages, the sweep's best with 64-token tiles at
-    batch 64 x 4096 and the lighter choice for smaller GPUs. The interpreter ignores both."""
+    batch 64 x 4096 and the lighter choice for smaller GPUs. Below sm_80 (a T4) the stages change
+    nothing: Triton pipelines loads with the asynchronous copies that sm_80 introduced, so it
+    compiles the same code for any num_stages there. The interpreter ignores both."""
     return (8, 3) if _is_hopper(device) else (4, 2)
 
 
@@ -236,7 +240,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     # GQA group as rows of a tl.dot, padded to 16 (the smallest M tl.dot accepts): the padding rows
     # load nothing (masked) and cost only tensor-core time, which a memory-bound kernel has to
     # spare. Broadcast-multiply-and-sum would avoid the padding but builds a [group, tile, D]
-    # product in registers and runs on the slower FMA units.
+    # product in registers and runs on the slower FMA units. (Below sm_80, a T4, Triton's tl.dot
+    # itself runs on the FMA units, so there the padding rows cost arithmetic: 16 flops per byte
+    # of KV read, against the ~25 flops a T4 can do in the time it reads a byte. Close; untimed.)
     dot_in_fp32 = os.environ.get("TRITON_INTERPRET") == "1" and k_cache.dtype == torch.bfloat16
     block_h = max(16, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(head_dim))

@@ -30,9 +30,13 @@ Example::
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+from .target import kernel_capability
 
 
 # Not specialised on values that change from step to step (the block table's width, the number of
@@ -120,14 +124,19 @@ def _prefill_attention_kernel(
 def _tiles(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages). Under the interpreter the smallest tiles tl.dot
     allows, so small tests still cross several query and key tiles. On a GPU: for 16-bit inputs
-    on Ampere or later (sm_80+: 164 KiB and more of shared memory) large tiles that keep the tensor
-    cores fed; otherwise conservative sizes that fit the 64 KiB of a T4 (sm_75) with head_dim 128
-    in fp16; for fp32 (exact "ieee" products on the FMA units) small tiles, to stay in registers."""
+    on Ampere or later (sm_80+: 99 KiB and more of shared memory per program) large tiles that keep
+    the tensor cores fed. Below sm_80 (as `target.kernel_capability` reports it), sizes that fit a
+    T4's (sm_75) 64 KiB: there tl.dot runs on the FMA units, and both its operands are widened to
+    fp32 and staged in shared memory, 4 * BLOCK_M * D + 4 * D * BLOCK_N bytes: 48 KiB at head_dim
+    128 with 64 x 32 tiles, 32 KiB at head_dim 64 with 64 x 64, as tests/test_kernels_t4.py checks
+    by compiling for sm_75 (64 x 64 at head_dim 128 would take all 64 KiB). The stages change
+    nothing there: Triton pipelines loads only from sm_80 on. For fp32 (exact "ieee" products on
+    the FMA units) small tiles, to stay in registers."""
     if device.type != "cuda":
         return 16, 16, 4, 1
     if dtype == torch.float32:
         return 32, 32, 4, 2
-    if torch.cuda.get_device_capability(device)[0] >= 8 and head_dim <= 128:
+    if kernel_capability(device)[0] >= 8 and head_dim <= 128:
         return 128, 64, 8, 3
     return 64, (64 if head_dim <= 64 else 32), 4, 2
 
@@ -153,11 +162,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return out
     block_m, block_n, num_warps, num_stages = _tiles(head_dim, q.dtype, q.device)
     num_q_tiles = triton.cdiv(max_query_len, block_m)
-    # tl.dot multiplies in the inputs' dtype. Triton's interpreter (CPU) gets bf16 products wrong
-    # (it hands numpy the raw bits), so there the operands are upcast to fp32. fp32 operands are
-    # multiplied exactly ("ieee"): Triton's default would be TF32 on Ampere and later GPUs.
+    # tl.dot multiplies in the inputs' dtype. Triton's interpreter (how CPU tensors run) gets bf16
+    # products wrong (it hands numpy the raw bits), so under it the operands are upcast to fp32.
+    # fp32 operands are multiplied exactly ("ieee"): Triton's default would be TF32 on Ampere and
+    # later GPUs.
     dot_dtype = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(q.dtype, tl.float32)
-    if q.device.type != "cuda":
+    if os.environ.get("TRITON_INTERPRET") == "1":
         dot_dtype = tl.float32
     grid = (num_seqs * num_q_tiles, num_heads)
     _prefill_attention_kernel[grid](
