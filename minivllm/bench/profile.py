@@ -76,7 +76,8 @@ def decode_step_profile(llm, batch: int, context: int, steps: int = 5, top: int 
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
-        torch.cuda.synchronize()  # the kernels of the last step launched are recorded too
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # the kernels of the last step launched are recorded too
     _stop(engine, seqs)
     averages = prof.key_averages()
     events = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA]
