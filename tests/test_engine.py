@@ -196,3 +196,20 @@ def test_prepare_takes_an_in_flight_token_from_the_device(tiny_llama):
     input_ids, positions, meta, _ = runner.prepare(step)
     assert input_ids.tolist() == [88, 77] and positions.tolist() == [3, 2]
     assert meta.slot_mapping.tolist() == [3, 6]
+
+
+def test_switching_the_overlap_between_steps_changes_no_token(tiny_llama):
+    # async_scheduling is read at every step (notebook 12 flips it on one engine): a step left in flight
+    # when it is turned off is finished first, and the tokens stay those of a plain run.
+    llm = LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=32)
+    engine, prompts = llm.llm_engine, random_prompts(5, seed=3)
+    ref = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    for i, p in enumerate(prompts):
+        engine.add_request(f"s{i}", p, GREEDY)
+    got, step = {}, 0
+    while engine.has_unfinished_requests():
+        engine.config.async_scheduling = step % 3 != 0
+        got |= {o.request_id: o.outputs[0].token_ids for o in engine.step()}
+        step += 1
+    assert [got[f"s{i}"] for i in range(len(prompts))] == ref
+    assert engine.get_stats()["num_free_blocks"] == engine.get_stats()["num_total_blocks"]

@@ -177,7 +177,8 @@ class LLMEngine:
         With async scheduling the next step is already on the GPU when this returns: each call launches
         step n+1, then waits for step n and returns its outputs (the first call launches two steps)."""
         if not self.config.async_scheduling:
-            launched = self._launch()
+            # (A step still in flight, from before the switch was turned off, is finished first.)
+            launched, self._in_flight = self._in_flight or self._launch(), None
             return self._process(launched) if launched else []
         self._discard_stale_step()
         if self._in_flight is None:
