@@ -87,6 +87,19 @@ def test_shared_prefix_is_computed_once(references):
     assert llm.llm_engine.get_stats()["num_prefix_cache_hit_tokens"] == 2 * 32
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_prefix_is_shared_while_its_step_is_in_flight(references, overlap):
+    # The first request's prompt fills the first step's budget; the others join at the next step, which
+    # with the overlap is scheduled before the first step is done. They share its 2 full system-prompt
+    # blocks all the same: blocks are named for the prefix cache when they are scheduled.
+    folder, prompts, refs = references["llama"]
+    llm = LLM(folder, max_model_len=80, block_size=16, num_kv_blocks=40, max_num_batched_tokens=len(prompts[4]),
+              async_scheduling=overlap)
+    outs = llm.generate(prompts[4:], SamplingParams(temperature=0, max_tokens=N, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == refs[4:]
+    assert llm.llm_engine.get_stats()["num_prefix_cache_hit_tokens"] == 2 * 32
+
+
 def test_fully_cached_prompt_still_gets_its_first_token(tiny_llama):
     folder, hf = tiny_llama
     llm = LLM(folder, max_model_len=80, block_size=4, num_kv_blocks=40)

@@ -6,8 +6,9 @@ its KV blocks (through the block manager). Two methods make a step, as in vLLM's
 - `schedule()` plans step n: a `SchedulerOutput` that lists the decodes (one token each) and the
   prefill chunks explicitly, and marks the tokens it schedules as computed at once;
 - `update_from_output(scheduler_output, sampled_token_ids)` takes the tokens the step sampled:
-  it appends them, names the blocks that became full (prefix caching), applies the stop
-  conditions and finishes sequences.
+  it appends them, applies the stop conditions and finishes sequences. (Blocks that become full
+  are named for the prefix cache as soon as they are scheduled, or, for a block that a sampled
+  token completes, when that token arrives.)
 
 Iteration-level scheduling (Orca, vLLM): the batch is rebuilt at every step.
 
@@ -149,6 +150,10 @@ class Scheduler:
             start = seq.num_computed_tokens
             self.blocks.allocate(seq, start + n)
             seq.num_computed_tokens += n
+            # Name the blocks this step fills now, not when it is done (as vLLM does): a request admitted
+            # while the step is still in flight can share them, since any step that reads them runs on the
+            # GPU after this one has written them.
+            self.blocks.cache_full_blocks(seq)
             samples = seq.num_computed_tokens == seq.num_tokens
             if samples:
                 seq.num_output_placeholders += 1
@@ -221,13 +226,11 @@ class Scheduler:
             if entry.samples:
                 token = next(tokens)
                 seq.num_output_placeholders -= 1
-            if seq.is_finished:
-                continue  # it finished (stop, abort) while this step was in flight: its token is dropped
-            if entry.samples:
-                seq.token_ids.append(token)
-            self.blocks.cache_full_blocks(seq)
-            if not entry.samples:
-                continue  # a prefill chunk before the prompt's end: nothing to sample yet
+            if seq.is_finished or not entry.samples:
+                continue  # finished (stop, abort) while this step was in flight: its token is dropped;
+                # or a prefill chunk before the prompt's end: nothing to sample yet
+            seq.token_ids.append(token)
+            self.blocks.cache_full_blocks(seq)  # a block the new token completes
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
             reason = self._stop_reason(seq, token)
