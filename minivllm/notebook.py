@@ -164,5 +164,6 @@ def tiny_checkpoint(num_layers: int = 2, vocab_size: int = 1024, seed: int = 0, 
 
 def random_prompt(n: int, rng, vocab_size: int) -> list[int]:
     """n token ids drawn by `rng` (a random.Random), above the special tokens: no tokenizer needed."""
-    return [rng.randrange(min(100, vocab_size // 2), vocab_size) for _ in range(n)]
+    from .bench.workloads import lowest_token_id
+    return [rng.randrange(lowest_token_id(vocab_size), vocab_size) for _ in range(n)]
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import os
 import sys
 import traceback
@@ -39,6 +38,7 @@ import torch
 from ..baselines import hf_model_for
 from ..llm import LLM
 from ..models.loader import resolve_model
+from ..notebook import free_memory
 from ..utils import default_model
 from . import roofline, runners
 from .metrics import format_table, hardware_name, median, save_json
@@ -102,12 +102,6 @@ def parse_args(argv=None):
 def default_out(names: list[str], smoke: bool) -> Path:
     # A smoke run has its own file name: it must not overwrite a real run's results.
     return Path("bench-results") / f"{'smoke_' if smoke else ''}bench_{'_'.join(names)}.json"
-
-
-def free_memory():
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def measure(rows: list[dict], engine: str, workload: str, run) -> None:

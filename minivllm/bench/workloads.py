@@ -48,7 +48,8 @@ class Workload:
         return sum(self.max_tokens)
 
 
-def _lowest_token_id(vocab_size: int) -> int:
+def lowest_token_id(vocab_size: int) -> int:
+    """The lowest id a random prompt draws: min(100, vocab_size // 2)."""
     # The first ids of a vocabulary are special tokens (BOS, EOS, padding, byte fallbacks);
     # a prompt full of them is unlike real text, and engines treat some of them specially.
     if vocab_size < 1:
@@ -78,7 +79,7 @@ def w1(
     _check_range("prompt length", min_prompt, max_prompt)
     if output_len < 1:
         raise ValueError(f"output_len must be at least 1, got {output_len}")
-    low = _lowest_token_id(vocab_size)
+    low = lowest_token_id(vocab_size)
     rng = random.Random(seed)
     lengths = [rng.randint(min_prompt, max_prompt) for _ in range(num_requests)]
     prompts = [[rng.randrange(low, vocab_size) for _ in range(n)] for n in lengths]
@@ -106,7 +107,7 @@ def w2(
     with low = min(100, vocab_size // 2), which skips the special ids and fits any vocabulary.
     """
     _check_range("length", min_len, max_len)
-    low = _lowest_token_id(vocab_size)
+    low = lowest_token_id(vocab_size)
     rng = random.Random(seed)
     span = vocab_size - low
     prompts = [
@@ -137,7 +138,7 @@ def w3(
     _check_range("user length", min_user, max_user)
     if system_len < 0 or output_len < 1:
         raise ValueError(f"need system_len >= 0 and output_len >= 1, got {system_len} and {output_len}")
-    low = _lowest_token_id(vocab_size)
+    low = lowest_token_id(vocab_size)
     rng = random.Random(seed)
     system = [rng.randrange(low, vocab_size) for _ in range(system_len)]
     lengths = [rng.randint(min_user, max_user) for _ in range(num_requests)]
