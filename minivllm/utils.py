@@ -27,11 +27,13 @@ def default_model() -> str:
 
 
 def figures_dir():
-    """Where notebooks save plots: the repo's figures/ folder, or a scratch folder in smoke mode
+    """Where notebooks save plots: MINIVLLM_FIGURES if set, the repo's figures/ folder, or a scratch folder in smoke mode
     so that a CI run never overwrites the figures of a real GPU run."""
     import tempfile
     from pathlib import Path
-    if smoke_mode():
+    if os.environ.get("MINIVLLM_FIGURES"):  # a check run (the T4 profile) that must not replace the real figures
+        path = Path(os.environ["MINIVLLM_FIGURES"])
+    elif smoke_mode():
         path = Path(tempfile.gettempdir()) / "minivllm-figures"
     else:
         repo = Path(__file__).resolve().parent.parent

