@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import typing
 
 from .config import EngineConfig
@@ -47,6 +48,9 @@ def serve(args: argparse.Namespace) -> None:
     from .engine.async_llm import AsyncLLM
     from .server.api_server import build_app
 
+    if os.environ.get("MINIVLLM_PROFILE") == "t4":  # a notebook under the T4 profile started this server
+        from .notebook import setup
+        setup(profile="t4", quiet=True)
     engine_args = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if f.name != "model"}
     try:
         engine = AsyncLLM(args.model, **engine_args)

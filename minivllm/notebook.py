@@ -153,6 +153,7 @@ def setup(profile: str | None = None, quiet: bool = False) -> NotebookEnv:
             memory_gib, capability = min(T4_MEMORY_GIB, total_gib), T4_CAPABILITY
             torch.cuda.set_per_process_memory_fraction(memory_gib / total_gib)
             os.environ["MINIVLLM_KERNEL_CAPABILITY"] = "7.5"
+            os.environ["MINIVLLM_PROFILE"] = "t4"  # a server the notebook starts gets the same cap
             # The engine sizes its KV pool from a share of the whole GPU: the share that is 90% of the cap.
             utilization = 0.9 * memory_gib / total_gib
     model, load_format = choose_model(device, memory_gib)

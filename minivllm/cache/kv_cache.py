@@ -32,6 +32,11 @@ def kv_cache_budget_bytes(device, gpu_memory_utilization: float) -> int:
     if torch.device(device).type != "cuda":
         return CPU_KV_CACHE_BYTES
     free, total = torch.cuda.mem_get_info(device)
-    used_by_others = total - free - torch.cuda.memory_reserved(device)
     peak = torch.cuda.max_memory_allocated(device)
+    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get_fraction is not None and get_fraction(device) < 1:
+        # A process with a memory cap (the T4 profile) owns its share: other processes on the GPU
+        # do not shrink it, so several capped processes can share one big GPU.
+        return int(total * gpu_memory_utilization - peak)
+    used_by_others = total - free - torch.cuda.memory_reserved(device)
     return int(total * gpu_memory_utilization - used_by_others - peak)
