@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # Execute notebooks on the GPU machine so the committed copies carry real outputs.
-# Usage (repo root, .whl carried): bash scripts/gpu_notebooks.sh notebooks/00_*.ipynb notebooks/01_*.ipynb
+# Usage (repo root, after scripts/gpu_parts.sh unpack1/unpack2): bash scripts/gpu_notebooks.sh notebooks/00_*.ipynb ...
 # Notebooks run one at a time; none is started after $NB_START_BEFORE_S seconds (default: no limit),
 # so a call that must end in 10 minutes still brings back what finished. Everything comes back as
 # one tarball in $OUT (the device returns at most 8 files), rewritten after each notebook.
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH \
-  && python3 -m ipykernel install --user --name python3 >/dev/null || exit 1
+source scripts/gpu_parts.sh env   # the wheels were installed by `source scripts/gpu_parts.sh unpack1`
 export MINIVLLM_SMOKE=0 PYTHONUNBUFFERED=1
 done_nbs=()
 for nb in "$@"; do

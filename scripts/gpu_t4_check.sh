@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Does every notebook run to the end on a Colab T4? Reproduced on a bigger GPU: each notebook runs under
+# MINIVLLM_PROFILE=t4 (minivllm.notebook.setup: a 15 GiB memory cap for the process, fp16, the T4's kernel
+# settings and model). Capped at 15 GiB each, $T4_PARALLEL notebooks share the GPU at a time: the check
+# is pass or fail, not speed. The executed copies and their figures are thrown away; the result is
+# figures/colab_t4_check.json ({"profile", "hardware", "commit", "notebooks": {name: "passed" | "failed: why"}}),
+# also copied to $OUT with the logs.
+# Usage (repo root, after scripts/gpu_parts.sh): bash scripts/gpu_t4_check.sh notebooks/*.ipynb
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT/t4-logs"
+source scripts/gpu_parts.sh env
+export MINIVLLM_SMOKE=0 MINIVLLM_PROFILE=t4 MINIVLLM_FIGURES=/tmp/t4-figures OMP_NUM_THREADS=2
+check_one() {   # runs a copy of the notebook, so the committed one keeps its outputs
+  local nb=$1 name; name=$(basename "$nb" .ipynb)
+  local copy; copy="$(dirname "$nb")/t4check_$name.ipynb"; cp "$nb" "$copy"   # same folder: same working directory
+  local start=$SECONDS
+  python3 -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=1200 "$copy" > "$OUT/t4-logs/$name.log" 2>&1
+  echo "$? $((SECONDS - start))" > "$OUT/t4-logs/$name.rc"; rm -f "$copy"
+}
+export -f check_one; export OUT
+printf '%s\n' "$@" | xargs -P "${T4_PARALLEL:-7}" -I{} bash -c 'check_one {}'
+python3 - "$@" <<'PY'
+import json, pathlib, re, subprocess, sys, torch
+out = pathlib.Path(__import__("os").environ["OUT"])
+result = {"profile": "t4: 15 GiB cap, fp16, T4 kernel settings, Llama-3.2-1B shape (minivllm.notebook.setup)",
+          "hardware": torch.cuda.get_device_name(),
+          "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+          "notebooks": {}, "seconds": {}}
+for nb in sys.argv[1:]:
+    name = pathlib.Path(nb).stem
+    rc, seconds = (out / "t4-logs" / f"{name}.rc").read_text().split()
+    log = (out / "t4-logs" / f"{name}.log").read_text()
+    errors = [l for l in log.splitlines() if re.match(r"^E\s+\w*(Error|Exception)", l)]
+    why = errors[-1][1:].strip() if errors else (log.strip().splitlines() or ["no output"])[-1]
+    result["notebooks"][name] = "passed" if rc == "0" else f"failed: {why[:300]}"
+    result["seconds"][name] = int(seconds)
+text = json.dumps(result, indent=1)
+pathlib.Path("figures/colab_t4_check.json").write_text(text + "\n")
+(out / "colab_t4_check.json").write_text(text + "\n")
+print(text)
+PY
+tar czf "$OUT/t4-logs.tgz" -C "$OUT" t4-logs && rm -rf "$OUT/t4-logs"
