@@ -22,15 +22,16 @@ python3 - "$@" <<'PY'
 import json, pathlib, re, subprocess, sys, torch
 out = pathlib.Path(__import__("os").environ["OUT"])
 result = {"profile": "t4: 15 GiB cap, fp16, T4 kernel settings, Llama-3.2-1B shape (minivllm.notebook.setup)",
-          "hardware": torch.cuda.get_device_name(),
+          "hardware": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
           "notebooks": {}, "seconds": {}}
 for nb in sys.argv[1:]:
     name = pathlib.Path(nb).stem
     rc, seconds = (out / "t4-logs" / f"{name}.rc").read_text().split()
     log = (out / "t4-logs" / f"{name}.log").read_text()
-    errors = [l for l in log.splitlines() if re.match(r"^E\s+\w*(Error|Exception)", l)]
-    why = errors[-1][1:].strip() if errors else (log.strip().splitlines() or ["no output"])[-1]
+    log = re.sub(r"\x1b\[[0-9;]*m", "", log)  # the traceback's colours
+    failed = [l.split(" - ", 1)[-1] for l in log.splitlines() if l.startswith("FAILED ")]
+    why = failed[-1] if failed else (log.strip().splitlines() or ["no output"])[-1]
     result["notebooks"][name] = "passed" if rc == "0" else f"failed: {why[:300]}"
     result["seconds"][name] = int(seconds)
 text = json.dumps(result, indent=1)
