@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -151,14 +152,17 @@ def test_measurements_run_on_cpu():
     assert roofline.measure_matmul_flops("cpu", n=64, warmup=1, repeats=3) > 0
 
 
-def test_kernel_bench_runs_every_kernel_and_its_reference():
+def test_kernel_bench_runs_every_kernel_and_its_reference(tmp_path):
     import torch
 
     from minivllm.bench.kernels import run_kernel_bench
+    from minivllm.bench.kernels import plot_kernel_bench
     result = run_kernel_bench(device="cpu", dtype=torch.float32, smoke=True)
-    assert len(result["rows"]) == 7
+    kernels = {row["kernel"] for row in result["rows"]}
+    assert len(kernels) == 6 and all(sum(r["kernel"] == k for r in result["rows"]) >= 2 for k in kernels)  # a sweep each
     assert all(row["triton_ms"] > 0 and row["torch_ms"] > 0 for row in result["rows"])
-    assert "triton_TFLOPs" in result["rows"][-1]
+    assert all("triton_TFLOPs" in row for row in result["rows"] if row["kernel"] == "prefill attention")
+    assert Path(plot_kernel_bench(result, str(tmp_path / "kernels.png"))).stat().st_size > 0
 
 
 def test_decode_step_times_cover_the_whole_batch(tiny_llama):

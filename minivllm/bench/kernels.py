@@ -1,7 +1,8 @@
-"""Each Triton kernel against its torch reference, at Mistral-7B sizes: time, and how close it
-comes to the hardware. Decode attention and the elementwise kernels move bytes and do little
-arithmetic, so their limit is bandwidth: achieved GB/s = bytes that must move / time. Prefill
-attention is arithmetic: achieved TFLOP/s against the measured matmul rate.
+"""Each Triton kernel against its torch reference, over a sweep of sizes (as Triton's tutorials do):
+time, and how close it comes to the hardware. Decode attention and the elementwise kernels move bytes
+and do little arithmetic, so their limit is bandwidth: achieved GB/s = bytes that must move / time,
+against the bandwidth of a device-to-device copy. Prefill attention is arithmetic: achieved TFLOP/s
+against the measured matmul rate.
 
     python -m minivllm.bench.kernels              # a GPU run: table, JSON and plot in figures/
     python -m minivllm.bench.kernels --smoke      # tiny shapes, any machine (CPU: Triton's interpreter)
@@ -18,14 +19,43 @@ from typing import Callable
 
 import torch
 
+# The sweeps: what grows along each curve. Elementwise kernels: tokens in the step; decode attention:
+# sequences of DECODE_CONTEXT tokens; prefill attention: the length of one prompt, computed in one chunk.
+TOKENS = [16, 64, 256, 1024, 4096, 16384]
+DECODE_BATCHES, DECODE_CONTEXT = [1, 2, 4, 8, 16, 32, 64], 4096
+PREFILL_LENS = [256, 512, 1024, 2048, 4096, 8192]
+SMOKE_TOKENS, SMOKE_BATCHES, SMOKE_CONTEXT, SMOKE_PREFILL = [16, 64], [1, 3], 70, [24, 40]
+BLOCK = 16  # KV-cache block size, the engine's default
+
 
 @dataclass
 class KernelCase:
-    name: str
+    kernel: str               # one curve of the plot: "RMSNorm + residual", ...
+    size: int                 # its x value
     triton: Callable[[], object]
     torch: Callable[[], object]
     bytes_moved: int          # the bytes the operation must read and write at least
     flops: int = 0            # for compute-bound kernels (prefill attention)
+
+
+@dataclass
+class Shape:
+    """The layer sizes the kernels see (a model's hidden size, FFN size and heads)."""
+    hidden: int = 4096        # Mistral-7B's
+    ffn: int = 14336
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+
+    @classmethod
+    def from_config(cls, cfg) -> "Shape":
+        """From a ModelConfig (or roofline.ModelShape): hidden_size, intermediate_size, heads, head_dim."""
+        from .roofline import ModelShape
+        s = ModelShape.from_config(cfg)
+        return cls(s.hidden_size, s.intermediate_size, s.num_heads, s.num_kv_heads, s.head_dim)
+
+
+SMOKE_SHAPE = Shape(256, 384, 4, 2, 32)
 
 
 def _paged_cache(num_seqs, context, kv_heads, head_dim, block_size, dtype, device, seed=0):
@@ -40,78 +70,102 @@ def _paged_cache(num_seqs, context, kv_heads, head_dim, block_size, dtype, devic
     return k_cache, v_cache, block_tables
 
 
-def kernel_cases(device, dtype, smoke: bool = False) -> list[KernelCase]:
-    from ..attention import AttentionMetadata, torch_ref
-    from ..kernels import (apply_rotary_, paged_decode_attention, paged_prefill_attention, rms_norm, silu_and_mul,
-                           store_kv)
-    from ..models.layers import RMSNorm, RotaryEmbedding
-    from ..models.layers import silu_and_mul as silu_and_mul_ref
-
+def kernel_cases(device, dtype, shape: Shape | None = None, smoke: bool = False) -> list[KernelCase]:
+    """Every kernel at every size of its sweep. The tensors of a case are made when its functions are
+    first called and dropped with them, so only one case's tensors are alive at a time."""
+    shape = SMOKE_SHAPE if smoke else (shape or Shape())
+    tokens = SMOKE_TOKENS if smoke else TOKENS
+    batches, context = (SMOKE_BATCHES, SMOKE_CONTEXT) if smoke else (DECODE_BATCHES, DECODE_CONTEXT)
+    prefill_lens = SMOKE_PREFILL if smoke else PREFILL_LENS
     e = torch.tensor([], dtype=dtype).element_size()
-    # Mistral-7B: hidden 4096, FFN 14336, 32 query heads and 8 KV heads of 128.
-    tokens, hidden, ffn, hq, hkv, d = (64, 256, 384, 4, 2, 32) if smoke else (8192, 4096, 14336, 32, 8, 128)
-    decode_batch, decode_context = (3, 70) if smoke else (64, 4096)
-    small_batch = 1 if smoke else 2
-    chunk, earlier = (40, 24) if smoke else (2048, 2048)
-    block = 16
-    rand = lambda *shape: torch.randn(*shape, dtype=dtype, device=device)  # noqa: E731
-    cases = []
-
-    x, res = rand(tokens, hidden), rand(tokens, hidden)
-    norm = RMSNorm(hidden, 1e-5).to(device=device, dtype=dtype)
-    cases.append(KernelCase(f"RMSNorm + residual [{tokens}, {hidden}]", lambda: rms_norm(x, norm.weight, 1e-5, res),
-                            lambda: norm(x, res), 4 * tokens * hidden * e))
-
-    mlp_tokens = tokens // 4
-    gate_up = rand(mlp_tokens, 2 * ffn)
-    cases.append(KernelCase(f"SiLU-and-mul [{mlp_tokens}, 2x{ffn}]", lambda: silu_and_mul(gate_up),
-                            lambda: silu_and_mul_ref(gate_up), 3 * mlp_tokens * ffn * e))
-
-    rope = RotaryEmbedding(d, 8192, 1e6).to(device)
-    qkv = rand(tokens, (hq + 2 * hkv) * d)
-    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-    q, k = q.view(tokens, hq, d), k.view(tokens, hkv, d)
-    positions = torch.randint(0, 8192, (tokens,), device=device)
-    cases.append(KernelCase(f"rotary q and k [{tokens} tokens]", lambda: apply_rotary_(positions, q, k, rope.cos, rope.sin),
-                            lambda: rope(positions, q, k), 2 * tokens * (hq + hkv) * d * e))
-
-    kv_cache_k, kv_cache_v, _ = _paged_cache(tokens // block, block, hkv, d, block, dtype, device)
-    new_k, new_v = rand(tokens, hkv, d), rand(tokens, hkv, d)
-    slots = torch.randperm(tokens, device=device)
-    cases.append(KernelCase(f"KV-cache store [{tokens} tokens]", lambda: store_kv(new_k, new_v, kv_cache_k, kv_cache_v, slots),
-                            lambda: torch_ref.store_kv(new_k, new_v, kv_cache_k, kv_cache_v, slots),
-                            4 * tokens * hkv * d * e))
-
-    for batch in (decode_batch, small_batch):
-        k_cache, v_cache, tables = _paged_cache(batch, decode_context, hkv, d, block, dtype, device)
-        lens = torch.full((batch,), decode_context, dtype=torch.int32, device=device)
-        qd = rand(batch, hq, d)
-        meta = torch_ref.TorchAttentionMetadata.build(AttentionMetadata(
-            torch.arange(batch + 1, dtype=torch.int32, device=device), lens,
-            torch.zeros(batch, dtype=torch.int64, device=device), tables, block, 1,
-            decode_context, num_decodes=batch, max_decode_context_len=decode_context))
-        cases.append(KernelCase(
-            f"paged decode attention, batch {batch} x {decode_context} tokens",
-            lambda qd=qd, k_cache=k_cache, v_cache=v_cache, tables=tables, lens=lens:
-                paged_decode_attention(qd, k_cache, v_cache, tables, lens, d ** -0.5),
-            lambda qd=qd, k_cache=k_cache, v_cache=v_cache, meta=meta:
-                torch_ref.paged_attention(qd, k_cache, v_cache, meta, d ** -0.5),
-            2 * batch * decode_context * hkv * d * e + 2 * batch * hq * d * e))
-
-    context = earlier + chunk
-    k_cache, v_cache, tables = _paged_cache(1, context, hkv, d, block, dtype, device)
-    qp = rand(chunk, hq, d)
-    cu = torch.tensor([0, chunk], dtype=torch.int32, device=device)
-    lens = torch.tensor([context], dtype=torch.int32, device=device)
-    meta = torch_ref.TorchAttentionMetadata.build(
-        AttentionMetadata(cu, lens, torch.zeros(chunk, dtype=torch.int64, device=device), tables, block, chunk, context))
-    visible_keys = sum(earlier + i + 1 for i in range(chunk))  # causal: query i sees earlier + i + 1 keys
-    cases.append(KernelCase(
-        f"paged prefill attention, {chunk}-token chunk after {earlier}",
-        lambda: paged_prefill_attention(qp, k_cache, v_cache, cu, lens, tables, chunk, d ** -0.5),
-        lambda: torch_ref.paged_attention(qp, k_cache, v_cache, meta, d ** -0.5),
-        2 * context * hkv * d * e + 2 * chunk * hq * d * e, flops=4 * hq * d * visible_keys))
+    h, hq, hkv, d = shape.hidden, shape.num_heads, shape.num_kv_heads, shape.head_dim
+    cases = [KernelCase("RMSNorm + residual", t, *_lazy(_rmsnorm, t, h, dtype, device), 4 * t * h * e) for t in tokens]
+    cases += [KernelCase("SiLU-and-mul", t, *_lazy(_silu, t, shape.ffn, dtype, device), 3 * t * shape.ffn * e)
+              for t in tokens]
+    cases += [KernelCase("rotary q and k", t, *_lazy(_rotary, t, hq, hkv, d, dtype, device), 2 * t * (hq + hkv) * d * e)
+              for t in tokens]
+    cases += [KernelCase("KV-cache store", t, *_lazy(_store, t, hkv, d, dtype, device), 4 * t * hkv * d * e)
+              for t in tokens]
+    cases += [KernelCase("decode attention", b, *_lazy(_decode, b, context, hq, hkv, d, dtype, device),
+                         2 * b * context * hkv * d * e + 2 * b * hq * d * e) for b in batches]
+    cases += [KernelCase("prefill attention", n, *_lazy(_prefill, n, hq, hkv, d, dtype, device),
+                         2 * n * hkv * d * e + 2 * n * hq * d * e, flops=4 * hq * d * (n * (n + 1) // 2))
+              for n in prefill_lens]  # causal: query i sees i + 1 keys; q.K and p.V, 2 FLOPs per multiply-add
     return cases
+
+
+def _lazy(make, *args):
+    """(triton_fn, torch_fn) that build the case's tensors on their first call, once."""
+    built = {}
+
+    def get():
+        if not built:
+            built.update(zip(("triton", "torch"), make(*args)))
+        return built
+    return (lambda: get()["triton"](), lambda: get()["torch"]())
+
+
+def _rmsnorm(t, h, dtype, device):
+    from ..kernels import rms_norm
+    from ..models.layers import RMSNorm
+    x, res = torch.randn(t, h, dtype=dtype, device=device), torch.randn(t, h, dtype=dtype, device=device)
+    norm = RMSNorm(h, 1e-5).to(device=device, dtype=dtype)
+    return lambda: rms_norm(x, norm.weight, 1e-5, res), lambda: norm(x, res)
+
+
+def _silu(t, ffn, dtype, device):
+    from ..kernels import silu_and_mul
+    from ..models.layers import silu_and_mul as silu_and_mul_ref
+    gate_up = torch.randn(t, 2 * ffn, dtype=dtype, device=device)
+    return lambda: silu_and_mul(gate_up), lambda: silu_and_mul_ref(gate_up)
+
+
+def _rotary(t, hq, hkv, d, dtype, device):
+    from ..kernels import apply_rotary_
+    from ..models.layers import RotaryEmbedding
+    rope = RotaryEmbedding(d, 8192, 1e6).to(device)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=dtype, device=device)  # q and k: strided views, as in the model
+    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k = q.view(t, hq, d), k.view(t, hkv, d)
+    positions = torch.randint(0, 8192, (t,), device=device)
+    return lambda: apply_rotary_(positions, q, k, rope.cos, rope.sin), lambda: rope(positions, q, k)
+
+
+def _store(t, hkv, d, dtype, device):
+    from ..attention import torch_ref
+    from ..kernels import store_kv
+    k_cache, v_cache, _ = _paged_cache(-(-t // BLOCK), BLOCK, hkv, d, BLOCK, dtype, device)
+    k, v = torch.randn(t, hkv, d, dtype=dtype, device=device), torch.randn(t, hkv, d, dtype=dtype, device=device)
+    slots = torch.randperm(t, device=device)
+    return (lambda: store_kv(k, v, k_cache, v_cache, slots),
+            lambda: torch_ref.store_kv(k, v, k_cache, v_cache, slots))
+
+
+def _decode(batch, context, hq, hkv, d, dtype, device):
+    from ..attention import AttentionMetadata, torch_ref
+    from ..kernels import paged_decode_attention
+    k_cache, v_cache, tables = _paged_cache(batch, context, hkv, d, BLOCK, dtype, device)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    q = torch.randn(batch, hq, d, dtype=dtype, device=device)
+    meta = torch_ref.TorchAttentionMetadata.build(AttentionMetadata(
+        torch.arange(batch + 1, dtype=torch.int32, device=device), lens,
+        torch.zeros(batch, dtype=torch.int64, device=device), tables, BLOCK, 1, context,
+        num_decodes=batch, max_decode_context_len=context))
+    return (lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, d ** -0.5),
+            lambda: torch_ref.paged_attention(q, k_cache, v_cache, meta, d ** -0.5))
+
+
+def _prefill(n, hq, hkv, d, dtype, device):
+    from ..attention import AttentionMetadata, torch_ref
+    from ..kernels import paged_prefill_attention
+    k_cache, v_cache, tables = _paged_cache(1, n, hkv, d, BLOCK, dtype, device)
+    q = torch.randn(n, hq, d, dtype=dtype, device=device)
+    cu = torch.tensor([0, n], dtype=torch.int32, device=device)
+    lens = torch.tensor([n], dtype=torch.int32, device=device)
+    meta = torch_ref.TorchAttentionMetadata.build(
+        AttentionMetadata(cu, lens, torch.zeros(n, dtype=torch.int64, device=device), tables, BLOCK, n, n))
+    return (lambda: paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, n, d ** -0.5),
+            lambda: torch_ref.paged_attention(q, k_cache, v_cache, meta, d ** -0.5))
 
 
 def _time_ms(fn, on_gpu: bool) -> float:
@@ -120,14 +174,14 @@ def _time_ms(fn, on_gpu: bool) -> float:
     call reads what the previous one left there."""
     if on_gpu:
         import triton.testing
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")  # warmup, rep: ms
+        return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")  # warmup, rep: ms
     from .metrics import cuda_time_ms, median
     return median(cuda_time_ms(fn, warmup=1, repeats=1, device="cpu"))
 
 
-def run_kernel_bench(device=None, dtype=torch.bfloat16, smoke: bool = False) -> dict:
-    """Median time of each kernel and of its torch reference, as GB/s (and TFLOP/s where it
-    computes), with the ceilings measured in the same run on a GPU."""
+def run_kernel_bench(device=None, dtype=torch.bfloat16, shape: Shape | None = None, smoke: bool = False) -> dict:
+    """Median time of each kernel and of its torch reference at every size of its sweep, as GB/s (and
+    TFLOP/s where it computes), with the ceilings measured in the same run on a GPU."""
     from .metrics import hardware_name
     from .roofline import measure_bandwidth_Bps, measure_matmul_flops
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -137,8 +191,8 @@ def run_kernel_bench(device=None, dtype=torch.bfloat16, smoke: bool = False) -> 
         ceilings = {"bandwidth_Bps": measure_bandwidth_Bps(device), "matmul_flops": measure_matmul_flops(device, dtype=dtype)}
     rows = []
     with torch.inference_mode():
-        for case in kernel_cases(device, dtype, smoke):
-            row = {"kernel": case.name}
+        for case in kernel_cases(device, dtype, shape, smoke):
+            row = {"kernel": case.kernel, "size": case.size}
             for impl in ("triton", "torch"):
                 ms = _time_ms(getattr(case, impl), on_gpu)
                 row[f"{impl}_ms"] = ms
@@ -151,30 +205,51 @@ def run_kernel_bench(device=None, dtype=torch.bfloat16, smoke: bool = False) -> 
                 if case.flops:
                     row["triton_matmul_fraction"] = row["triton_TFLOPs"] * 1e12 / ceilings["matmul_flops"]
             rows.append(row)
+            case.triton = case.torch = None  # the case's tensors go with its functions
+            if on_gpu:
+                torch.cuda.empty_cache()
     return {"hardware": hardware_name(), "dtype": str(dtype).removeprefix("torch."), "smoke": smoke,
-            "ceilings": ceilings, "rows": rows}
+            "shape": vars(SMOKE_SHAPE if smoke else (shape or Shape())), "decode_context": SMOKE_CONTEXT if smoke
+            else DECODE_CONTEXT, "block_size": BLOCK, "ceilings": ceilings, "rows": rows}
 
 
-def plot_kernel_bench(result: dict, path: str) -> str:
-    """Achieved GB/s of each kernel, Triton next to torch, against the measured bandwidth."""
+X_LABELS = {"decode attention": "batch (sequences of {context} tokens)", "prefill attention": "prompt length (tokens)"}
+
+
+def plot_kernel_bench(result: dict, path: str, title: str | None = None) -> str:
+    """One panel per kernel: throughput vs size, the Triton kernel and its torch reference, with the
+    measured ceiling dashed (bandwidth in GB/s; for prefill attention the matmul rate in TFLOP/s)."""
     import matplotlib.pyplot as plt
-    rows = result["rows"]
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.5))
-    y = range(len(rows))
-    ax.barh([i - 0.2 for i in y], [r["triton_GBps"] for r in rows], height=0.4, label="Triton", color="tab:orange")
-    ax.barh([i + 0.2 for i in y], [r["torch_GBps"] for r in rows], height=0.4, label="torch reference", color="tab:gray")
-    bw = result["ceilings"].get("bandwidth_Bps")
-    if bw:
-        ax.axvline(bw / 1e9, color="black", linestyle="--", label=f"measured bandwidth {bw / 1e12:.2f} TB/s")
-    ax.set_yticks(list(y), [r["kernel"] for r in rows], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("GB/s (bytes the operation must move / time)")
-    ax.set_title(f"Triton kernels vs torch, {result['dtype']}, {result['hardware']}", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    kernels = list(dict.fromkeys(r["kernel"] for r in result["rows"]))
+    ceil = result["ceilings"]
+    fig, axes = plt.subplots(2, -(-len(kernels) // 2), figsize=(5 * -(-len(kernels) // 2), 8), squeeze=False)
+    for ax, kernel in zip(axes.flat, kernels):
+        rows = [r for r in result["rows"] if r["kernel"] == kernel]
+        flops = "triton_TFLOPs" in rows[0]
+        unit, key = ("TFLOP/s", "TFLOPs") if flops else ("GB/s", "GBps")
+        x = [r["size"] for r in rows]
+        ax.plot(x, [r[f"triton_{key}"] for r in rows], "o-", color="tab:orange", label="Triton kernel")
+        ax.plot(x, [r[f"torch_{key}"] for r in rows], "s--", color="tab:gray", label="torch reference")
+        if ceil:
+            limit = ceil["matmul_flops"] / 1e12 if flops else ceil["bandwidth_Bps"] / 1e9
+            ax.axhline(limit, color="black", ls="--", lw=1,
+                       label=f"measured matmul {limit:,.0f} TFLOP/s" if flops else f"measured bandwidth {limit:,.0f} GB/s")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, None)
+        ax.set(title=kernel, ylabel=unit if ceil else f"{unit} (interpreter: not a speed)",
+               xlabel=X_LABELS.get(kernel, "tokens").format(context=result["decode_context"]))
+        ax.legend(fontsize=8, loc="best")
+    for ax in list(axes.flat)[len(kernels):]:
+        ax.axis("off")
+    fig.suptitle(title or f"Triton kernels vs torch, {result['dtype']}, {result['hardware']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+COLUMNS = ["kernel", "size", "triton_ms", "torch_ms", "speedup", "triton_GBps", "torch_GBps",
+           "triton_bandwidth_fraction", "triton_TFLOPs", "torch_TFLOPs", "triton_matmul_fraction"]
 
 
 def main(argv=None):
@@ -189,8 +264,7 @@ def main(argv=None):
     from .metrics import format_table, save_json
     result = run_kernel_bench(dtype=getattr(torch, args.dtype), smoke=args.smoke)
     print(result["hardware"])
-    print(format_table(result["rows"], ["kernel", "triton_ms", "torch_ms", "speedup", "triton_GBps", "torch_GBps",
-                                        "triton_bandwidth_fraction", "triton_TFLOPs", "triton_matmul_fraction"]))
+    print(format_table(result["rows"], COLUMNS))
     out = args.out or figures_dir() / "10_kernels.json"
     save_json(out, result)
     print(f"results: {out}, plot: {plot_kernel_bench(result, str(out).removesuffix('.json') + '.png')}")
