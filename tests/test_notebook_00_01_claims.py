@@ -65,8 +65,8 @@ def test_reading_speed_and_the_1000_customers():
     assert 1000 * reading_tok_s / 17.5 == pytest.approx(297, abs=1)   # "300 times too low"
 
 
-def test_batch1_roofline_of_the_design_doc():
-    # The project measured: batch-1 decode limit about 296 tok/s on the H200 (14.5 GB at 4.28 TB/s)
+def test_batch1_roofline_with_the_recorded_h200_rates():
+    # roofline's recorded H200 rates: a batch-1 decode limit near 290 tok/s (14.5 GB at 4.28 TB/s)
     limit = roofline.roofline_tok_s(roofline.MISTRAL_7B, 1, 200, roofline.H200_BANDWIDTH_BPS,
                                     roofline.H200_MATMUL_FLOPS)
     assert 280 < limit < 300
@@ -130,7 +130,7 @@ def test_inline_swiglu_and_decoder_layer(nb01, tiny):
 def test_timed_generate_matches_the_baseline(tiny):
     from minivllm.baselines import hf_generate_sequential
     _, _, hf_model = tiny
-    nb00 = notebook_definitions("00_baseline_and_metrics.ipynb", GPU=False, RequestOutput=RequestOutput,
+    nb00 = notebook_definitions("00_baseline_and_metrics.ipynb", RequestOutput=RequestOutput,
                                 RequestMetrics=RequestMetrics, CompletionOutput=CompletionOutput)
     prompt = [5, 17, 42, 99, 3]
     out, times = nb00["timed_generate"](hf_model, prompt, 6)
