@@ -58,6 +58,6 @@ def plot_serving(results: list[dict], path: str) -> str:
     fig.suptitle(f"Serving {work['name']} ({requests}{arrivals} arrivals) on {hardware}", fontsize=11)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)
     return path
