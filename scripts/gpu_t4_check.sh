@@ -4,7 +4,7 @@
 # settings and model). Capped at 15 GiB each, $T4_PARALLEL notebooks share the GPU at a time: the check
 # is pass or fail, not speed. The executed copies and their figures are thrown away; the result is
 # figures/colab_t4_check.json ({"profile", "hardware", "commit", "notebooks": {name: "passed" | "failed: why"}}),
-# also copied to $OUT with the logs.
+# also copied to $OUT with the logs. A run at the same commit as the file adds to it.
 # Usage (repo root, after scripts/gpu_parts.sh): bash scripts/gpu_t4_check.sh notebooks/*.ipynb
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/t4-logs"
 source scripts/gpu_parts.sh env
@@ -34,6 +34,14 @@ for nb in sys.argv[1:]:
     why = failed[-1] if failed else (log.strip().splitlines() or ["no output"])[-1]
     result["notebooks"][name] = "passed" if rc == "0" else f"failed: {why[:300]}"
     result["seconds"][name] = int(seconds)
+previous = pathlib.Path("figures/colab_t4_check.json")
+if previous.exists():  # the same commit checked in parts (calls of 10 minutes): one file
+    earlier = json.loads(previous.read_text())
+    if earlier.get("commit") == result["commit"]:
+        result["notebooks"] = earlier["notebooks"] | result["notebooks"]
+        result["seconds"] = earlier.get("seconds", {}) | result["seconds"]
+result["notebooks"] = dict(sorted(result["notebooks"].items()))
+result["seconds"] = dict(sorted(result["seconds"].items()))
 text = json.dumps(result, indent=1)
 pathlib.Path("figures/colab_t4_check.json").write_text(text + "\n")
 (out / "colab_t4_check.json").write_text(text + "\n")
