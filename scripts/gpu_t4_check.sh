@@ -24,7 +24,8 @@ out = pathlib.Path(__import__("os").environ["OUT"])
 result = {"profile": "t4: 15 GiB cap, fp16, T4 kernel settings, Llama-3.2-1B shape (minivllm.notebook.setup)",
           "hardware": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
-          "notebooks": {}, "seconds": {}}
+          "notebooks": {}, "seconds": {},
+          "note": "seconds: wall time with several notebooks sharing the GPU at once, not a T4's speed"}
 for nb in sys.argv[1:]:
     name = pathlib.Path(nb).stem
     rc, seconds = (out / "t4-logs" / f"{name}.rc").read_text().split()
