@@ -169,6 +169,9 @@ def _versions() -> dict:
 
     from . import __version__
     repo = Path(__file__).resolve().parent.parent
+    if os.environ.get("MINIVLLM_COMMIT"):  # a copy of a checkout whose .git is not its own (a GPU machine's)
+        return {"commit": os.environ["MINIVLLM_COMMIT"], "minivllm": __version__, "torch": torch.__version__,
+                "triton": triton.__version__}
     try:
         commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=5).stdout.strip() or None

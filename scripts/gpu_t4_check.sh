@@ -5,7 +5,7 @@
 # is pass or fail, not speed. The executed copies and their figures are thrown away; the result is
 # figures/colab_t4_check.json ({"profile", "hardware", "commit", "notebooks": {name: "passed" | "failed: why"}}),
 # also copied to $OUT with the logs. A run at the same commit as the file adds to it.
-# Usage (repo root, after scripts/gpu_parts.sh): bash scripts/gpu_t4_check.sh notebooks/*.ipynb
+# Usage (repo root, after scripts/gpu_parts.sh): MINIVLLM_COMMIT=<the commit copied> bash scripts/gpu_t4_check.sh notebooks/*.ipynb
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/t4-logs"
 source scripts/gpu_parts.sh env
 export MINIVLLM_SMOKE=0 MINIVLLM_PROFILE=t4 MINIVLLM_FIGURES=/tmp/t4-figures OMP_NUM_THREADS=2
@@ -23,7 +23,8 @@ import json, pathlib, re, subprocess, sys, torch
 out = pathlib.Path(__import__("os").environ["OUT"])
 result = {"profile": "t4: 15 GiB cap, fp16, T4 kernel settings, Llama-3.2-1B shape (minivllm.notebook.setup)",
           "hardware": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
-          "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+          "commit": __import__("os").environ.get("MINIVLLM_COMMIT") or subprocess.run(
+              ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
           "notebooks": {}, "seconds": {},
           "note": "seconds: wall time with several notebooks sharing the GPU at once, not a T4's speed"}
 for nb in sys.argv[1:]:
@@ -32,7 +33,9 @@ for nb in sys.argv[1:]:
     log = (out / "t4-logs" / f"{name}.log").read_text()
     log = re.sub(r"\x1b\[[0-9;]*m", "", log)  # the traceback's colours
     failed = [l.split(" - ", 1)[-1] for l in log.splitlines() if l.startswith("FAILED ")]
-    why = failed[-1] if failed else (log.strip().splitlines() or ["no output"])[-1]
+    raised = [l.strip() for l in log.splitlines() if re.match(r"^\w*(Error|Exception): ", l.strip())]
+    why = next((w for w in [*(f for f in failed[-1:] if f.strip()), *raised[-1:]] if w),
+               (log.strip().splitlines() or ["no output"])[-1])
     result["notebooks"][name] = "passed" if rc == "0" else f"failed: {why[:300]}"
     result["seconds"][name] = int(seconds)
 previous = pathlib.Path("figures/colab_t4_check.json")

@@ -34,7 +34,8 @@ def kv_cache_budget_bytes(device, gpu_memory_utilization: float) -> int:
     free, total = torch.cuda.mem_get_info(device)
     peak = torch.cuda.max_memory_allocated(device)
     get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    if get_fraction is not None and get_fraction(device) < 1:
+    index = torch.device(device).index
+    if get_fraction is not None and get_fraction(torch.cuda.current_device() if index is None else index) < 1:
         # A process with a memory cap (the T4 profile) owns its share: other processes on the GPU
         # do not shrink it, so several capped processes can share one big GPU.
         return int(total * gpu_memory_utilization - peak)
