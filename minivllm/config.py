@@ -145,12 +145,15 @@ class EngineConfig:
     # Overlap the CPU and the GPU (vLLM's async scheduling): the CPU schedules and prepares step
     # n+1 while the GPU runs step n. False runs them one after the other (the ablation).
     async_scheduling: bool = True
+    # The model split over this many GPUs (NCCL) or CPU processes (gloo): each holds 1/N of every
+    # layer and of the KV cache, and the engine starts N - 1 worker processes for the other ranks.
+    tensor_parallel_size: int = 1
     seed: int = 0
 
     def __post_init__(self):
         # Every knob is reachable from the server's command line: each gets a clear message here,
         # at the door, rather than a failure (or a silent replacement) deep inside the engine.
-        for name in ("block_size", "max_num_seqs", "num_kv_blocks", "max_num_batched_tokens", "max_model_len"):
+        for name in ("block_size", "max_num_seqs", "tensor_parallel_size", "num_kv_blocks", "max_num_batched_tokens", "max_model_len"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -167,6 +170,10 @@ class EngineConfig:
                 and os.environ.get("TRITON_INTERPRET") != "1"):
             raise ValueError("attention_backend='triton' on a CPU needs Triton's interpreter: set "
                              "TRITON_INTERPRET=1 before triton is first imported")
+        parsed = torch.device(self.device)
+        if parsed.type == "cuda" and (parsed.index or 0) + self.tensor_parallel_size > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} needs that many GPUs from "
+                             f"{self.device}; {torch.cuda.device_count()} are visible")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
 

@@ -56,6 +56,10 @@ class LLM:
                         bar.update(1)
         return [finished[i] for i in ids]
 
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes (with tensor_parallel_size > 1); also done at exit."""
+        self.llm_engine.shutdown()
+
     def chat(self, messages, sampling_params=None, use_tqdm: bool = True) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of them, through the
         tokenizer's chat template, with the assistant's turn opened."""

@@ -5,23 +5,27 @@ Every layer gets two tensors, keys and values, of shape
 number of query heads) sizes them: Mistral-7B stores 8 heads per token, not 32.
 
     >>> kv_bytes_per_token(cfg, torch.bfloat16)   # Mistral-7B: 2 * 32 * 8 * 128 * 2 = 131072
+
+A rank of a tensor-parallel group holds only the KV heads of its query heads: both functions
+count this process's share (`kv_heads_per_rank`), the whole model outside a group.
 """
 from __future__ import annotations
 
 import torch
 
 from ..config import ModelConfig
+from ..distributed.parallel_state import kv_heads_per_rank, tp_size
 
 CPU_KV_CACHE_BYTES = 2 * 2**30  # a CPU has no "free memory" query worth trusting: a fixed budget
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+    return 2 * cfg.num_layers * kv_heads_per_rank(cfg.num_kv_heads, tp_size()) * cfg.head_dim * dtype.itemsize
 
 
 def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype, device):
     """One (keys, values) pair per layer; zero-filled so unused slots never hold NaNs."""
-    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (num_blocks, block_size, kv_heads_per_rank(cfg.num_kv_heads, tp_size()), cfg.head_dim)
     return [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_layers)]
 

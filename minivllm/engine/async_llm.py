@@ -103,10 +103,11 @@ class AsyncLLM:
         return self.llm_engine.get_stats()
 
     def shutdown(self) -> None:
-        """Abort what is left and stop the engine thread."""
+        """Abort what is left, stop the engine thread, then the engine's worker processes if any."""
         if self._thread.is_alive():
             self._commands.put(("stop",))
             self._thread.join()
+        self.llm_engine.shutdown()
 
     # ---- the engine thread's side ------------------------------------------------------
     def _engine_loop(self) -> None:

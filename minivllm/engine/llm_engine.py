@@ -24,7 +24,8 @@ contiguous cache of Hugging Face `generate`), `enable_continuous_batching=False`
 batching, `enable_chunked_prefill` / `enable_prefix_caching` do what they say,
 `attention_backend="torch"` swaps the fused Triton kernels for the readable reference,
 `enforce_eager=True` turns off the CUDA graphs of decode steps, and `async_scheduling=False`
-runs the CPU's work and the GPU's one after the other.
+runs the CPU's work and the GPU's one after the other. `tensor_parallel_size=N` splits the model
+over N GPUs: this process is rank 0 and starts the other ranks' processes; `shutdown()` stops them.
 
 Bad input (an empty prompt, ids outside the vocabulary, a prompt that does not fit
 `max_model_len`, a request that could never fit in the KV pool, a duplicate request id)
@@ -32,12 +33,15 @@ raises `ValueError` from `add_request` and changes nothing: other requests go on
 """
 from __future__ import annotations
 
+import atexit
 import warnings
 
 import torch
 
 from ..cache.block_manager import BlockManager, cdiv
 from ..config import EngineConfig, resolve_dtype
+from ..distributed.parallel_state import check_divisible
+from ..distributed.workers import TensorParallelWorkers
 from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
@@ -72,14 +76,28 @@ class LLMEngine:
             prefix_caching = False
         self.block_size = config.block_size if config.enable_paged_kv else self.max_model_len
 
-        self.runner = ModelRunner(cfg, self.device, self.dtype, self.max_model_len, self.block_size,
-                                  config.max_num_seqs, None if config.load_format == "dummy" else source.folder,
-                                  config.seed, config.attention_backend)
+        runner_args = dict(model_config=cfg, device=config.device, dtype=self.dtype, max_model_len=self.max_model_len,
+                           block_size=self.block_size, max_num_seqs=config.max_num_seqs,
+                           folder=None if config.load_format == "dummy" else source.folder, seed=config.seed,
+                           backend=config.attention_backend)
+        self.workers = None
+        if config.tensor_parallel_size > 1:
+            check_divisible(cfg.num_heads, cfg.num_kv_heads, config.tensor_parallel_size)  # before any process
+            self.workers = TensorParallelWorkers(config.tensor_parallel_size, config.device, runner_args)
+            atexit.register(self.shutdown)
+        try:  # a failure from here on stops the workers already started
+            self.runner = ModelRunner(**runner_args)
+            self.runner.workers = self.workers
+            if self.workers is not None:
+                self.workers.wait_ready()
+            num_blocks = self._num_kv_blocks()
+            self.runner.initialize_kv_cache(num_blocks)
+            if self.device.type == "cuda" and config.attention_backend == "triton" and not config.enforce_eager:
+                self.runner.capture_cuda_graphs()
+        except BaseException:
+            self.shutdown()
+            raise
         self.model = self.runner.model
-        num_blocks = self._num_kv_blocks()
-        self.runner.initialize_kv_cache(num_blocks)
-        if self.device.type == "cuda" and config.attention_backend == "triton" and not config.enforce_eager:
-            self.runner.capture_cuda_graphs()
         self.scheduler = Scheduler(BlockManager(num_blocks, self.block_size, prefix_caching), config.max_num_seqs,
                                    self.max_num_batched_tokens, self.max_model_len,
                                    generation_eos_ids(cfg, source.folder), config.enable_chunked_prefill,
@@ -222,6 +240,11 @@ class LLMEngine:
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids,
                              [CompletionOutput(0, text, seq.output_token_ids, seq.finish_reason)],
                              seq.is_finished, seq.metrics)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do with one rank). The engine is unusable after."""
+        if self.workers is not None:
+            self.workers.shutdown()
 
     def get_stats(self) -> dict:
         return {

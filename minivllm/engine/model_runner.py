@@ -14,14 +14,25 @@ Nothing here waits for the GPU, so that the CPU can prepare step n+1 while the G
   the GPU tensor the sampler wrote (`_last_sampled`): its value never visits the host first;
 - the sampled ids come back by one copy on a side stream into pinned memory, with an event that
   only the engine waits for (`SampledTokens.tolist`), once the next step is queued.
+
+With tensor parallelism (`tensor_parallel_size=N`) there is one runner per rank, each with its slice
+of the model and of the KV cache. Rank 0's runner, in the engine's process, does all the book-keeping;
+a method marked `@on_every_rank` is also run, with the same arguments, by the runners of the worker
+processes (`distributed.workers`), so that the collectives inside the forward meet. The batch itself
+travels as one int64 tensor, broadcast from rank 0's device to the others'. Only rank 0 samples.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 
 from ..attention import AttentionMetadata, NoCacheMetadata, metadata_builder
 from ..cache.block_manager import cdiv
 from ..cache.kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
+from ..distributed.parallel_state import cpu_group, tp_size
 from ..models.loader import build_model
 from .block_table import BlockTable
 from .cuda_graphs import DecodeGraphs
@@ -52,9 +63,33 @@ class SampledTokens:
         return self._host.tolist()
 
 
+@dataclass
+class BatchLayout:
+    """What a rank needs, beside the flat int64 tensor, to cut it back into a step's inputs."""
+    field_sizes: list[int]  # input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, tables
+    num_seqs: int
+    table_width: int
+    max_query_len: int
+    max_context_len: int
+    num_decodes: int
+    max_decode_context_len: int
+
+
+def on_every_rank(method):
+    """Rank 0 runs the method; in a tensor-parallel group every worker's runner runs it too, with the
+    same positional arguments (keyword arguments stay on rank 0)."""
+    @functools.wraps(method)
+    def run_everywhere(self, *args, **kwargs):
+        if self.workers is not None:
+            self.workers.call(method.__name__, *args)
+        return method(self, *args, **kwargs)
+    return run_everywhere
+
+
 class ModelRunner:
     def __init__(self, model_config, device, dtype, max_model_len: int, block_size: int, max_num_seqs: int,
                  folder=None, seed: int = 0, backend: str = "torch"):
+        self.workers = None  # rank 0 of a tensor-parallel group: the other ranks (`TensorParallelWorkers`)
         self.model_config = model_config
         self.device = torch.device(device)
         self.dtype = dtype
@@ -73,6 +108,7 @@ class ModelRunner:
         self._last_sampled_rows: dict[str, int] = {}
 
     # ---- set-up ------------------------------------------------------------------------
+    @on_every_rank
     def num_kv_blocks_that_fit(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
         """KV blocks that fit in the memory granted, after the weights and the largest step's
         activations (a profiling forward without a cache measures them)."""
@@ -81,14 +117,21 @@ class ModelRunner:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._profile_run(max_num_batched_tokens)
         budget = kv_cache_budget_bytes(self.device, gpu_memory_utilization)
-        return budget // kv_bytes_per_token(self.model_config, self.dtype) // self.block_size
+        num_blocks = budget // kv_bytes_per_token(self.model_config, self.dtype) // self.block_size
+        if tp_size() > 1:  # every rank holds the same blocks (its heads of them): the smallest pool wins
+            fewest = torch.tensor([num_blocks])
+            dist.all_reduce(fewest, op=dist.ReduceOp.MIN, group=cpu_group())
+            num_blocks = int(fewest)
+        return num_blocks
 
+    @on_every_rank
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the cache and bind each layer's keys and values to its attention layer."""
         kv = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype, self.device)
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
             layer.bind_cache(k_cache, v_cache)
 
+    @on_every_rank
     def capture_cuda_graphs(self) -> None:
         """Record decode steps as CUDA graphs (needs the Triton backend's kernels, a GPU)."""
         self.graphs = DecodeGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
@@ -107,6 +150,10 @@ class ModelRunner:
     def prepare(self, scheduler_output: SchedulerOutput):
         """The flat batch on the device: (input_ids, positions, metadata, sample_index), where
         sample_index holds the flat index of the last token of every sequence that samples."""
+        return self._unpack(*self._pack(scheduler_output))
+
+    def _pack(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, BatchLayout]:
+        """The step's integers, worked out on the host, in one int64 tensor on the device."""
         self.block_table.release(scheduler_output.released_request_ids)
         entries = scheduler_output.entries
         rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_rows = [], [], [], [], [], [], []
@@ -127,7 +174,6 @@ class ModelRunner:
         context_lens = [s + n for s, n in zip(starts, lens)]
         num_decodes = scheduler_output.num_decodes
         max_context_len = max(context_lens)
-        max_decode_context_len = max(context_lens[:num_decodes], default=0)
 
         # Positions, slots and block tables by a few vectorised ops over the batch, on the host.
         B, T, bs = len(entries), len(token_ids), self.block_size
@@ -149,20 +195,45 @@ class ModelRunner:
         host = torch.empty(sum(f.numel() for f in fields), dtype=torch.int64, pin_memory=self.use_async_copies)
         torch.cat([f.to(torch.int64) for f in fields], out=host)
         flat = host.to(self.device, non_blocking=True)
-        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, block_tables = flat.split(
-            [f.numel() for f in fields])
+        layout = BatchLayout([f.numel() for f in fields], B, width, max(lens), max_context_len, num_decodes,
+                             max(context_lens[:num_decodes], default=0))
         if from_gpu_dst:
+            input_ids, _, _, _, _, _, dst, src, _ = flat.split(layout.field_sizes)
             input_ids[dst] = self._last_sampled[src]
+        return flat, layout
+
+    def _unpack(self, flat: torch.Tensor, layout: BatchLayout):
+        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, _, _, block_tables = flat.split(
+            layout.field_sizes)
         meta = AttentionMetadata(
             cu_seqlens_q=cu_seqlens.int(), context_lens=context_lens.int(), slot_mapping=slots,
-            block_tables=block_tables.view(B, width).int(), block_size=bs, max_query_len=max(lens),
-            max_context_len=max_context_len, num_decodes=num_decodes, max_decode_context_len=max_decode_context_len)
+            block_tables=block_tables.view(layout.num_seqs, layout.table_width).int(),
+            block_size=self.block_size, max_query_len=layout.max_query_len,
+            max_context_len=layout.max_context_len, num_decodes=layout.num_decodes,
+            max_decode_context_len=layout.max_decode_context_len)
         return input_ids, positions, meta, sample_index
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         """Logits [num sampling sequences, vocab] (float32), on the device, not waited for."""
-        input_ids, positions, meta, sample_index = self.prepare(scheduler_output)
+        flat, layout = self._pack(scheduler_output)
+        try:
+            return self.execute_batch(layout, flat=flat)
+        except RuntimeError:
+            if self.workers is not None:  # a collective failed: say so if a worker has died
+                self.workers.check_alive()
+            raise
+
+    @on_every_rank
+    @torch.inference_mode()
+    def execute_batch(self, layout: BatchLayout, flat: torch.Tensor | None = None) -> torch.Tensor:
+        """The forward of a packed batch. In a tensor-parallel group rank 0 sends its `flat` to the
+        others (which pass None and receive it), so that every rank runs the same step."""
+        if tp_size() > 1:
+            if flat is None:
+                flat = torch.empty(sum(layout.field_sizes), dtype=torch.int64, device=self.device)
+            dist.broadcast(flat, src=0)
+        input_ids, positions, meta, sample_index = self._unpack(flat, layout)
         if self.graphs is not None and meta.num_decodes == meta.num_seqs <= self.graphs.max_batch:
             return self.graphs.run(input_ids, positions, meta)  # every decode samples
         hidden = self.model(input_ids, positions, self.build_metadata(meta))

@@ -9,7 +9,10 @@ that an engine needs:
 - q/k/v projections are packed into one matmul (`qkv_proj`), gate/up into another
   (`gate_up_proj`): fewer, larger matmuls; `PACKED_WEIGHTS` tells the loader where the
   checkpoint's separate tensors go;
-- logits are computed only where they are needed (the last token of each sequence).
+- logits are computed only where they are needed (the last token of each sequence);
+- every matmul is a tensor-parallel layer (`parallel_layers`): built inside a group of N ranks,
+  each rank holds 1/N of the heads, of the MLP and of the vocabulary, and two all-reduces per
+  layer add up the partial results. Outside a group (N = 1) they are the plain layers.
 
 The backend ("torch" or "triton") is chosen when the model is built: every `CustomOp` layer (norms,
 rotary, activation, attention) binds its torch or its Triton forward once.
@@ -25,8 +28,10 @@ from torch import nn
 
 from ..attention import Attention
 from ..config import ModelConfig
+from ..distributed.parallel_state import check_divisible, kv_heads_per_rank, tp_rank, tp_size
 from .custom_op import CustomOp
 from .layers import RMSNorm, RotaryEmbedding, SiluAndMul
+from .parallel_layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 # checkpoint name -> (packed parameter, shard index)
 PACKED_WEIGHTS = {
@@ -36,15 +41,25 @@ PACKED_WEIGHTS = {
 
 
 class LlamaAttention(nn.Module):
+    """This rank's attention heads: its share of the query heads, and the KV heads they read."""
+
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
-        self.qkv_proj.shard_sizes = [self.q_size, self.kv_size, self.kv_size]
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.attention_bias)
-        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.sliding_window)
+        n, rank, d = tp_size(), tp_rank(), cfg.head_dim
+        check_divisible(cfg.num_heads, cfg.num_kv_heads, n)
+        num_heads, num_kv_heads = cfg.num_heads // n, kv_heads_per_rank(cfg.num_kv_heads, n)
+        # The query heads of rank r read KV heads from this one on (with more ranks than KV heads,
+        # several ranks hold a copy of the same head).
+        first_kv_head = rank * cfg.num_kv_heads // n
+        self.q_size, self.kv_size = num_heads * d, num_kv_heads * d
+        full_q, full_kv = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [
+            (full_q, rank * self.q_size, self.q_size),
+            (full_kv, first_kv_head * d, self.kv_size),
+            (full_kv, first_kv_head * d, self.kv_size)], bias=cfg.attention_bias)
+        self.o_proj = RowParallelLinear(full_q, cfg.hidden_size, bias=cfg.attention_bias)
+        self.rotary = RotaryEmbedding(d, max_positions, cfg.rope_theta, cfg.rope_scaling)
+        self.attn = Attention(num_heads, num_kv_heads, d, cfg.sliding_window)
 
     def forward(self, positions, x, meta):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -59,10 +74,14 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.gate_up_proj.shard_sizes = [cfg.intermediate_size, cfg.intermediate_size]
+        full = cfg.intermediate_size
+        if full % tp_size():
+            raise ValueError(f"tensor_parallel_size={tp_size()} must divide intermediate_size={full}")
+        part = full // tp_size()
+        shard = (full, tp_rank() * part, part)  # this rank's rows of gate and of up: 1/N of the MLP's width
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [shard, shard], bias=cfg.mlp_bias)
         self.act = SiluAndMul()
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.down_proj = RowParallelLinear(full, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(self.act(self.gate_up_proj(x)))
@@ -90,7 +109,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, max_positions) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -109,7 +128,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, max_positions or cfg.max_position_embeddings)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         for module in self.modules():

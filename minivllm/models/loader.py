@@ -6,7 +6,9 @@
 
 Weights are read tensor by tensor from safetensors (single file or sharded with
 `model.safetensors.index.json`) straight onto the device. The checkpoint's separate q/k/v
-and gate/up tensors are copied into their slice of the packed parameters. With
+and gate/up tensors are copied into their slice of the packed parameters. In a tensor-parallel
+group each rank reads only the rows or columns it holds (safetensors reads a slice of a tensor
+without the rest): the layer's `weight_loader` says which. With
 `folder=None` the weights stay random ("dummy"): the right shapes, initialised on the
 device, which is all a speed benchmark needs.
 """
@@ -105,7 +107,6 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
             for name in f.keys():
                 if name.endswith(IGNORED_SUFFIXES) or (model.config.tie_word_embeddings and name == "lm_head.weight"):
                     continue
-                tensor = f.get_tensor(name)
                 parts = name.split(".")
                 target, shard = name, None
                 for i, part in enumerate(parts):
@@ -114,13 +115,16 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
                         target = ".".join(parts[:i] + [packed] + parts[i + 1:])
                 if target not in params:
                     raise ValueError(f"unexpected tensor {name!r} in {file.name}: not a Llama/Mistral weight")
-                param = params[target].data
-                if shard is not None:
-                    sizes = modules[target.rsplit(".", 1)[0]].shard_sizes
-                    param = param.narrow(0, sum(sizes[:shard]), sizes[shard])
-                if param.shape != tensor.shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
-                param.copy_(tensor)
+                param, module = params[target].data, modules[target.rsplit(".", 1)[0]]
+                checkpoint_slice = f.get_slice(name)  # nothing read yet
+                expected = module.checkpoint_shape(param, shard) if hasattr(module, "weight_loader") else param.shape
+                if tuple(checkpoint_slice.get_shape()) != tuple(expected):
+                    raise ValueError(f"{name}: checkpoint shape {tuple(checkpoint_slice.get_shape())} "
+                                     f"!= model {tuple(expected)}")
+                if hasattr(module, "weight_loader"):  # a split layer: this rank's slice only
+                    module.weight_loader(param, checkpoint_slice, shard)
+                else:
+                    param.copy_(checkpoint_slice[:])
                 missing.discard(target)
     if missing:
         raise ValueError(f"checkpoint in {folder} lacks {sorted(missing)[:5]}{'...' if len(missing) > 5 else ''}")
