@@ -32,7 +32,7 @@ import torch.distributed as dist
 from ..attention import AttentionMetadata, NoCacheMetadata, metadata_builder
 from ..cache.block_manager import cdiv
 from ..cache.kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
-from ..distributed.parallel_state import cpu_group, tp_size
+from ..distributed.parallel_state import all_reduce, cpu_group, tp_size
 from ..models.loader import build_model
 from .block_table import BlockTable
 from .cuda_graphs import DecodeGraphs
@@ -145,6 +145,15 @@ class ModelRunner:
         positions = torch.cat([torch.arange(n, device=self.device) for n in lens])
         hidden = self.model(torch.zeros_like(positions), positions, NoCacheMetadata(cu_seqlens, max(lens)))
         self.model.compute_logits(hidden[cu_seqlens[1:].long() - 1])
+
+    @on_every_rank
+    @torch.inference_mode()
+    def time_all_reduce(self, num_tokens: int, repeats: int = 20) -> list[float]:
+        """Milliseconds of each of `repeats` all-reduces of a [num_tokens, hidden_size] activation, the
+        collective a row-parallel layer ends with (a benchmark: every rank runs the same calls)."""
+        from ..bench.metrics import cuda_time_ms
+        x = torch.ones(num_tokens, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
+        return cuda_time_ms(lambda: all_reduce(x), repeats=repeats, device=self.device)
 
     # ---- a step ------------------------------------------------------------------------
     def prepare(self, scheduler_output: SchedulerOutput):
