@@ -39,9 +39,10 @@ def kv_cache_budget_bytes(device, gpu_memory_utilization: float) -> int:
     peak = torch.cuda.max_memory_allocated(device)
     get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     index = torch.device(device).index
-    if get_fraction is not None and get_fraction(torch.cuda.current_device() if index is None else index) < 1:
+    cap = get_fraction(torch.cuda.current_device() if index is None else index) if get_fraction else 1.0
+    if cap < 1:
         # A process with a memory cap (the T4 profile) owns its share: other processes on the GPU
-        # do not shrink it, so several capped processes can share one big GPU.
-        return int(total * gpu_memory_utilization - peak)
+        # do not shrink it, so several capped processes can share one big GPU; it never gets more.
+        return int(total * min(gpu_memory_utilization, cap) - peak)
     used_by_others = total - free - torch.cuda.memory_reserved(device)
     return int(total * gpu_memory_utilization - used_by_others - peak)
