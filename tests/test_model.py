@@ -146,3 +146,18 @@ def test_hub_id_downloads_with_huggingface_hub(tiny_llama, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(FileNotFoundError, match="could not download 'someone/tiny-llama'"):
         resolve_model("someone/tiny-llama")
+
+
+def test_a_checkpoint_missing_one_part_of_a_packed_weight_is_refused(tiny_llama, tmp_path):
+    """q_proj alone does not make qkv_proj: the missing k_proj is named, not left random."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    from minivllm.models.loader import build_model, resolve_model
+    folder = tmp_path / "no_k"
+    shutil.copytree(tiny_llama[0], folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["model.layers.0.self_attn.k_proj.weight"]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    source = resolve_model(str(folder))
+    with pytest.raises(ValueError, match=r"lacks \['model.layers.0.self_attn.qkv_proj.weight \(part 1\)'\]"):
+        build_model(source.config, "cpu", torch.float32, 64, source.folder)

@@ -42,18 +42,27 @@ def run_with_deadline(fn, seconds=DEADLINE_S):
 
 
 def worker_pids() -> set[int]:
-    """Every live tensor-parallel worker process on this machine."""
-    pids = set()
+    """The live tensor-parallel worker processes started from this test process (directly, or by a
+    server it started): other sessions' processes on the machine do not count."""
+    parents, commands = {}, {}
     for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError):
+        if not proc.name.isdigit():
             continue
-        if b"minivllm.distributed" in cmdline and proc.name.isdigit():
-            state = (proc / "stat").read_text().split()[2] if (proc / "stat").exists() else "Z"
-            if state != "Z":
-                pids.add(int(proc.name))
-    return pids
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            commands[int(proc.name)] = (proc / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if stat[0] != "Z":  # a zombie has exited
+            parents[int(proc.name)] = int(stat[1])
+
+    def descends_from_us(pid):
+        while pid in parents and pid > 1:
+            pid = parents[pid]
+            if pid == os.getpid():
+                return True
+        return False
+    return {pid for pid in parents if b"minivllm.distributed" in commands.get(pid, b"") and descends_from_us(pid)}
 
 
 @torch.no_grad()
@@ -127,6 +136,7 @@ OPTIONS = {
     "tiny pool (preemption) and tiny budget (chunked prefill)": dict(block_size=4, num_kv_blocks=20,
                                                                      max_num_batched_tokens=7),
     "no overlap, no prefix caching": dict(async_scheduling=False, enable_prefix_caching=False),
+    "pool sized by the ranks (the smallest wins)": dict(num_kv_blocks=None),
 }
 
 
@@ -204,6 +214,41 @@ def test_a_worker_that_cannot_start_says_why(references, monkeypatch):
                                       num_kv_blocks=40))
     assert not worker_pids() - before
     assert parallel_state.tp_size() == 1  # this process has left the group: a new engine can start
+
+
+def test_a_failure_on_rank_0_in_a_step_stops_the_workers_and_says_why(references):
+    """The workers are inside the step when rank 0 fails in it: they are stopped (they would wait for rank 0
+    forever), and the engine's next call says why instead of hanging."""
+    folder, prompts, _ = references["llama"]
+    before = worker_pids()
+    llm = run_with_deadline(lambda: LLM(folder, tensor_parallel_size=2, max_model_len=80, num_kv_blocks=40))
+    try:
+        def boom(hidden):
+            raise MemoryError("rank 0 ran out of memory")
+        llm.llm_engine.runner.model.compute_logits = boom  # rank 0's model only
+        params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        with pytest.raises(MemoryError):
+            run_with_deadline(lambda: llm.generate(prompts[:1], params, use_tqdm=False))
+        assert not worker_pids() - before
+        with pytest.raises(RuntimeError, match="cannot run: rank 0 failed in execute_batch"):
+            run_with_deadline(lambda: llm.llm_engine.runner.initialize_kv_cache(8))
+    finally:
+        run_with_deadline(llm.shutdown, 60)
+    assert parallel_state.tp_size() == 1
+
+
+def test_one_split_engine_per_process_and_keywords_reach_every_rank(references):
+    folder = references["llama"][0]
+    llm = run_with_deadline(lambda: LLM(folder, tensor_parallel_size=2, max_model_len=80, num_kv_blocks=40))
+    try:
+        with pytest.raises(RuntimeError, match="a tensor-parallel engine is running in this process"):
+            LLM(folder, max_model_len=80, num_kv_blocks=40)
+        # a keyword argument reaches the workers too: both ranks make the same number of collectives
+        times = run_with_deadline(lambda: llm.llm_engine.runner.time_all_reduce(1, repeats=3), 60)
+        assert len(times) == 3
+    finally:
+        run_with_deadline(llm.shutdown, 60)
+    LLM(folder, max_model_len=80, num_kv_blocks=40)  # after shutdown, another engine may start
 
 
 def test_a_split_that_does_not_divide_the_heads_is_refused_at_once(references):

@@ -11,7 +11,8 @@ What each number is:
 - batch-1 decode: median and p90 wall time of a decode step of one sequence (`decode_step_times_ms`);
 - W2: nano-vllm's offline workload (scaled by --w2-requests), output tokens per second;
 - all-reduce: median time of one all-reduce of a batch-1 activation ([1, hidden] in the model's dtype),
-  timed alone on every rank, and its share of the batch-1 step: 2 per layer and 1 for the embedding.
+  timed alone (every rank makes the same calls; rank 0's times, which include the ranks' skew), and its
+  share of the batch-1 step: 2 per layer and 1 for the embedding.
   Timed alone, it is what one collective costs; inside a step it may overlap or queue differently.
 Bytes: every all-reduce carries hidden x dtype bytes per token, 2 per layer + 1 (the embedding), and
 the logits' all-gather vocab x dtype bytes per sampled token: `communication_bytes_per_token`.

@@ -9,10 +9,11 @@ by its slice, and the partial results meet in a collective:
 - `all_gather`: every rank holds a slice of the logits' vocabulary; afterwards each holds all of it.
 
 A process belongs to at most one group, so its place in it is module state, read by the layers
-when they are built (`tp_rank()`, `tp_size()`): a model built outside any group is the plain,
-unsplit model, with both collectives doing nothing. NCCL carries the tensors between GPUs, gloo
-between CPU processes; the control messages (what to run next) always go through a gloo group,
-since they are Python objects on the host.
+when they are built and by the collectives when they run (`tp_rank()`, `tp_size()`): a model built
+outside any group is the plain, unsplit model, with both collectives doing nothing. (So one process
+holds one tensor-parallel engine at a time: the engine refuses to start another beside it.) NCCL
+carries the tensors between GPUs, gloo between CPU processes; a gloo group of the same ranks also
+serves host-side values (the KV pool's size, agreed by all).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 _rank, _size = 0, 1
-_cpu_group = None  # gloo group of the same ranks, for host-side messages
+_cpu_group = None  # gloo group of the same ranks, for host-side values
 
 
 def tp_rank() -> int:
@@ -39,7 +40,7 @@ def cpu_group():
 
 def init_tensor_parallel(rank: int, world_size: int, init_method: str, device_type: str,
                          timeout_s: float = 600.0) -> None:
-    """Join the group: NCCL for CUDA tensors, gloo for CPU ones (and always gloo for control)."""
+    """Join the group: NCCL for CUDA tensors, gloo for CPU ones (and a gloo group for host values)."""
     global _rank, _size, _cpu_group
     if dist.is_initialized():
         raise RuntimeError("a torch.distributed process group already exists in this process: "

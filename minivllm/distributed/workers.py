@@ -3,19 +3,23 @@
 `LLM(model, tensor_parallel_size=N)` runs in one process, rank 0: it schedules, samples and talks
 to users, and runs its slice of the model. It starts N - 1 worker processes (ranks 1 .. N-1), each
 with a `ModelRunner` holding its slice of the weights and of the KV cache, on its own GPU (or CPU).
-A worker does only what rank 0 tells it: rank 0 broadcasts `(method name, arguments)` on a gloo
-group, and every worker calls that method of its runner; inside it the collectives of the forward
+A worker does only what rank 0 tells it: rank 0 writes `(method name, arguments)` to every worker's
+stdin, and every worker calls that method of its runner; inside it the collectives of the forward
 (all-reduce, all-gather, the batch's broadcast) meet those of rank 0. So the same scheduler decision
-runs everywhere, and nothing but rank 0 ever decides anything.
+runs everywhere, and nothing but rank 0 ever decides anything. (The commands go through a pipe, not a
+collective: a worker may wait for the next one for hours without a timeout, and when rank 0's process
+ends, however it ends, the pipe closes and the worker leaves.)
 
     >>> workers = TensorParallelWorkers(2, "cpu", runner_args)   # this process becomes rank 0
     >>> runner = ModelRunner(**runner_args); runner.workers = workers; workers.wait_ready()
     >>> workers.call("initialize_kv_cache", 64)    # (what `@on_every_rank` does for the runner)
     >>> workers.shutdown()
 
-Failure: a worker that cannot start sends its traceback back (`wait_ready` raises it); one that dies
-later is found by `check_alive` before each call, or when a collective with it fails: a clear
-`RuntimeError` either way, never a silent hang.
+Failure: a worker that cannot start sends its traceback back (rank 0 raises it); one that dies later
+is found by `check_alive` before each call, or when a collective with it fails on the CPU (gloo sees
+the connection close): a clear `RuntimeError`, and the group is torn down (`abort`), since the ranks
+can no longer be in step. On GPUs, a collective waiting for a dead peer is only ended by NCCL's
+timeout (the group's `timeout_s`), which aborts the process.
 """
 from __future__ import annotations
 
@@ -29,9 +33,8 @@ import traceback
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from .parallel_state import cpu_group, destroy_tensor_parallel, init_tensor_parallel
+from .parallel_state import destroy_tensor_parallel, init_tensor_parallel
 
 STARTUP_TIMEOUT_S = 600  # loading a slice of a big checkpoint, compiling kernels
 
@@ -52,6 +55,7 @@ class TensorParallelWorkers:
     def __init__(self, world_size: int, device: str, runner_args: dict):
         device_type = torch.device(device).type
         init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self.broken: str | None = None  # why the group can no longer run, once it cannot
         # Each worker is a fresh `python -m minivllm.distributed`, not a multiprocessing child:
         # nothing of the user's script is imported again, so it needs no `if __name__ == "__main__"`
         # guard, and a notebook works the same. Its start-up arguments arrive pickled on stdin.
@@ -61,18 +65,23 @@ class TensorParallelWorkers:
         for rank in range(1, world_size):
             process = subprocess.Popen([sys.executable, "-m", "minivllm.distributed"], env=env,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            process.stdin.write(pickle.dumps((rank, world_size, init_method, device_type,
-                                              dict(runner_args, device=rank_device(device, rank)))))
-            process.stdin.close()
             self.processes[rank] = process
+            self._send(process, (rank, world_size, init_method, device_type,
+                                 dict(runner_args, device=rank_device(device, rank))))
         try:
-            init_tensor_parallel(0, world_size, init_method, device_type)  # waits for every rank to join
+            # Every worker first says it is about to join (or why it cannot): only then does this
+            # process wait in the group's rendezvous, which it could not leave if a worker never came.
+            self._expect("joining")
+            init_tensor_parallel(0, world_size, init_method, device_type)
         except BaseException:
-            self._kill_all()
+            self.abort("it failed to start")
             raise
 
     def wait_ready(self) -> None:
         """Wait until every worker has built its model: raise a worker's own error if one could not."""
+        self._expect("ready")
+
+    def _expect(self, word: str) -> None:
         for rank, process in self.processes.items():
             waited = 0.0
             while not select.select([process.stdout], [], [], 0.5)[0]:
@@ -82,80 +91,95 @@ class TensorParallelWorkers:
                     raise RuntimeError(f"tensor-parallel worker {rank} did not start in {STARTUP_TIMEOUT_S} s")
             try:
                 message = pickle.load(process.stdout)
-            except EOFError:  # it died before it could say why
+            except (EOFError, pickle.UnpicklingError):  # it died before it could say why
                 message = f"exit code {process.wait()}"
-            if message != "ready":
+            if message != word:
                 raise RuntimeError(f"tensor-parallel worker {rank} failed to start:\n{message}")
 
     def check_alive(self) -> None:
+        if self.broken:
+            raise RuntimeError(f"this tensor-parallel engine cannot run: {self.broken}; shut it down "
+                               "(LLM.shutdown()) and start a new one")
         for rank, process in self.processes.items():
             if process.poll() is not None:
                 raise RuntimeError(f"tensor-parallel worker {rank} (pid {process.pid}) has died with exit code "
-                                   f"{process.returncode}: the engine cannot run without it; start a new one")
+                                   f"{process.returncode}: the engine cannot run without it; shut it down "
+                                   "(LLM.shutdown()) and start a new one")
 
-    def call(self, method: str, *args) -> None:
-        """Every worker's runner runs `method(*args)` (rank 0 runs it too, right after)."""
+    def call(self, method: str, *args, **kwargs) -> None:
+        """Every worker's runner runs `method(*args, **kwargs)` (rank 0 runs it too, right after)."""
         self.check_alive()
-        try:
-            dist.broadcast_object_list([method, args], src=0, group=cpu_group())
-        except RuntimeError:
-            self.check_alive()
-            raise
+        for process in self.processes.values():
+            self._send(process, (method, args, kwargs))
+
+    @staticmethod
+    def _send(process: subprocess.Popen, message) -> None:
+        process.stdin.write(pickle.dumps(message))
+        process.stdin.flush()
+
+    def abort(self, why: str) -> None:
+        """The ranks are out of step (a call failed on one of them): kill the workers, leave the group."""
+        self.broken = self.broken or why
+        self._stop(graceful=False)
 
     def shutdown(self) -> None:
-        """Tell the workers to stop, wait for them (a stuck one is killed), leave the group."""
-        if not self.processes:
-            return
-        try:
-            if all(p.poll() is None for p in self.processes.values()):
-                dist.broadcast_object_list(["exit", ()], src=0, group=cpu_group())
-        except RuntimeError:
-            pass  # a worker is gone already: the others are killed below
+        """Tell the workers to stop, wait for them (one that does not stop is killed), leave the group."""
+        self.broken = self.broken or "it was shut down"
+        self._stop(graceful=True)
+
+    def _stop(self, graceful: bool) -> None:
         for process in self.processes.values():
             try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        self._kill_all()
-        destroy_tensor_parallel()
-
-    def _kill_all(self) -> None:
+                if graceful and process.poll() is None:
+                    self._send(process, ("exit", (), {}))
+                process.stdin.close()  # a worker reading its next command sees the end and leaves
+            except OSError:
+                pass  # it is gone already
         for process in self.processes.values():
-            if process.poll() is None:
+            try:
+                process.wait(timeout=30 if graceful else 5)
+            except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
             process.stdout.close()
         self.processes = {}
+        destroy_tensor_parallel()
 
 
-def worker_main() -> None:
-    """A worker's whole life: join the group, build its runner, run what rank 0 broadcasts."""
-    from ..engine.model_runner import ModelRunner  # here: the engine imports this module
+def worker_main(reply) -> None:
+    """A worker's whole life: join the group, build its runner, run what rank 0 sends.
+    `reply` is the line back to rank 0 (the process's original stdout)."""
+    def send(message):
+        pickle.dump(message, reply)
+        reply.flush()
 
-    rank, world_size, init_method, device_type, runner_args = pickle.load(sys.stdin.buffer)
-    # stdout is the line back to rank 0; anything the worker prints goes to stderr instead.
-    reply = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
+    commands = sys.stdin.buffer
     try:
+        rank, world_size, init_method, device_type, runner_args = pickle.load(commands)
+        from ..engine.model_runner import ModelRunner  # here: the engine imports this module
         if device_type == "cuda":
             torch.cuda.set_device(runner_args["device"])
         else:  # share the cores with the other ranks rather than all fight over all of them
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    except BaseException:
+        send(traceback.format_exc())
+        raise
+    send("joining")
+    try:
         init_tensor_parallel(rank, world_size, init_method, device_type)
         runner = ModelRunner(**runner_args)
     except BaseException:
-        pickle.dump(traceback.format_exc(), reply)
-        reply.flush()
-        raise SystemExit(1)
-    pickle.dump("ready", reply)
-    reply.flush()
+        send(traceback.format_exc())
+        raise
+    send("ready")
     try:
         while True:
-            message = [None, None]
-            dist.broadcast_object_list(message, src=0, group=cpu_group())
-            method, args = message
+            try:
+                method, args, kwargs = pickle.load(commands)
+            except EOFError:  # rank 0 has gone
+                break
             if method == "exit":
                 break
-            getattr(runner, method)(*args)
+            getattr(runner, method)(*args, **kwargs)
     finally:
         destroy_tensor_parallel()

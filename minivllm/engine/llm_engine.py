@@ -33,14 +33,14 @@ raises `ValueError` from `add_request` and changes nothing: other requests go on
 """
 from __future__ import annotations
 
-import atexit
 import warnings
+import weakref
 
 import torch
 
 from ..cache.block_manager import BlockManager, cdiv
 from ..config import EngineConfig, resolve_dtype
-from ..distributed.parallel_state import check_divisible
+from ..distributed.parallel_state import check_divisible, tp_size
 from ..distributed.workers import TensorParallelWorkers
 from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import CompletionOutput, RequestOutput
@@ -81,10 +81,15 @@ class LLMEngine:
                            folder=None if config.load_format == "dummy" else source.folder, seed=config.seed,
                            backend=config.attention_backend)
         self.workers = None
+        if tp_size() > 1:  # the layers read the group of this process: it can hold one split model only
+            raise RuntimeError("a tensor-parallel engine is running in this process: shut it down "
+                               "(LLM.shutdown()) before starting another engine")
         if config.tensor_parallel_size > 1:
             check_divisible(cfg.num_heads, cfg.num_kv_heads, config.tensor_parallel_size)  # before any process
             self.workers = TensorParallelWorkers(config.tensor_parallel_size, config.device, runner_args)
-            atexit.register(self.shutdown)
+            # At exit, or when the engine is collected, the workers stop; the finalizer holds the workers
+            # only, not the engine, so a deleted engine's memory is freed.
+            self._stop_workers = weakref.finalize(self, self.workers.shutdown)
         try:  # a failure from here on stops the workers already started
             self.runner = ModelRunner(**runner_args)
             self.runner.workers = self.workers
@@ -244,7 +249,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (nothing to do with one rank). The engine is unusable after."""
         if self.workers is not None:
-            self.workers.shutdown()
+            self._stop_workers()  # runs the workers' shutdown once, however often it is called
 
     def get_stats(self) -> dict:
         return {

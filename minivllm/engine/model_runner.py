@@ -18,8 +18,10 @@ Nothing here waits for the GPU, so that the CPU can prepare step n+1 while the G
 With tensor parallelism (`tensor_parallel_size=N`) there is one runner per rank, each with its slice
 of the model and of the KV cache. Rank 0's runner, in the engine's process, does all the book-keeping;
 a method marked `@on_every_rank` is also run, with the same arguments, by the runners of the worker
-processes (`distributed.workers`), so that the collectives inside the forward meet. The batch itself
-travels as one int64 tensor, broadcast from rank 0's device to the others'. Only rank 0 samples.
+processes (`distributed.workers`), so that the collectives inside it meet. The batch itself travels
+as one int64 tensor, broadcast from rank 0's device to the others'. Only rank 0 samples. If a call
+fails on rank 0 after the workers have started it, the ranks are out of step: the workers are stopped
+and the engine reports why at its next call.
 """
 from __future__ import annotations
 
@@ -77,12 +79,13 @@ class BatchLayout:
 
 def on_every_rank(method):
     """Rank 0 runs the method; in a tensor-parallel group every worker's runner runs it too, with the
-    same positional arguments (keyword arguments stay on rank 0)."""
+    same arguments."""
     @functools.wraps(method)
     def run_everywhere(self, *args, **kwargs):
-        if self.workers is not None:
-            self.workers.call(method.__name__, *args)
-        return method(self, *args, **kwargs)
+        if self.workers is None:
+            return method(self, *args, **kwargs)
+        self.workers.call(method.__name__, *args, **kwargs)
+        return self.run_in_step(method, *args, **kwargs)
     return run_everywhere
 
 
@@ -92,6 +95,8 @@ class ModelRunner:
         self.workers = None  # rank 0 of a tensor-parallel group: the other ranks (`TensorParallelWorkers`)
         self.model_config = model_config
         self.device = torch.device(device)
+        if self.device.type == "cuda" and tp_size() > 1:  # each rank's streams and graphs on its own GPU
+            torch.cuda.set_device(self.device)
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.block_size = block_size
@@ -152,7 +157,8 @@ class ModelRunner:
         """Milliseconds of each of `repeats` all-reduces of a [num_tokens, hidden_size] activation, the
         collective a row-parallel layer ends with (a benchmark: every rank runs the same calls)."""
         from ..bench.metrics import cuda_time_ms
-        x = torch.ones(num_tokens, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
+        # zeros: summed in place call after call, they stay zeros (ones would grow by N each time)
+        x = torch.zeros(num_tokens, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
         return cuda_time_ms(lambda: all_reduce(x), repeats=repeats, device=self.device)
 
     # ---- a step ------------------------------------------------------------------------
@@ -226,14 +232,25 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         """Logits [num sampling sequences, vocab] (float32), on the device, not waited for."""
         flat, layout = self._pack(scheduler_output)
+        if self.workers is None:
+            return self.execute_batch(layout, flat)
+        self.workers.call("execute_batch", layout)  # the workers receive `flat` from rank 0's broadcast
+        return self.run_in_step(self.execute_batch.__func__, layout, flat)
+
+    def run_in_step(self, method, *args, **kwargs):
+        """Rank 0's side of a call every rank makes. If it fails here, the workers are already in it and
+        would wait for rank 0 forever: stop them, so the next call says why instead of hanging."""
         try:
-            return self.execute_batch(layout, flat=flat)
-        except RuntimeError:
-            if self.workers is not None:  # a collective failed: say so if a worker has died
+            return method(self, *args, **kwargs)
+        except BaseException as e:
+            try:
                 self.workers.check_alive()
+            except RuntimeError as dead:  # the failure was a worker's death: say so
+                self.workers.abort(str(dead))
+                raise dead from e
+            self.workers.abort(f"rank 0 failed in {method.__name__}: {e!r}")
             raise
 
-    @on_every_rank
     @torch.inference_mode()
     def execute_batch(self, layout: BatchLayout, flat: torch.Tensor | None = None) -> torch.Tensor:
         """The forward of a packed batch. In a tensor-parallel group rank 0 sends its `flat` to the

@@ -101,7 +101,11 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     device = next(model.parameters()).device
-    missing = set(params)
+    # Every piece the checkpoint must provide: a packed parameter (qkv, gate_up) needs each of its parts.
+    missing = set()
+    for name in params:
+        parts = getattr(modules[name.rsplit(".", 1)[0]], "shards", None)
+        missing |= {(name, i) for i in range(len(parts))} if parts else {(name, None)}
     for file in _safetensors_files(folder):
         with safe_open(file, framework="pt", device=str(device)) as f:
             for name in f.keys():
@@ -125,9 +129,10 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
                     module.weight_loader(param, checkpoint_slice, shard)
                 else:
                     param.copy_(checkpoint_slice[:])
-                missing.discard(target)
+                missing.discard((target, shard))
     if missing:
-        raise ValueError(f"checkpoint in {folder} lacks {sorted(missing)[:5]}{'...' if len(missing) > 5 else ''}")
+        names = sorted(name if part is None else f"{name} (part {part})" for name, part in missing)
+        raise ValueError(f"checkpoint in {folder} lacks {names[:5]}{'...' if len(names) > 5 else ''}")
 
 
 def load_tokenizer(folder: Path | None):

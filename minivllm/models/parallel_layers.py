@@ -117,7 +117,8 @@ class VocabParallelEmbedding(nn.Module):
     def weight_loader(self, param: torch.Tensor, checkpoint_slice, shard_id=None) -> None:
         rows = max(0, min(self.rows_per_rank, self.vocab_size - self.start))
         param.zero_()  # padding rows: zero embeddings, and logits cut off anyway
-        param[:rows].copy_(checkpoint_slice[self.start:self.start + rows])
+        if rows:  # (a tiny vocabulary over many ranks can leave the last rank padding only)
+            param[:rows].copy_(checkpoint_slice[self.start:self.start + rows])
 
 
 class ParallelLMHead(VocabParallelEmbedding):
