@@ -104,8 +104,8 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
     # Every piece the checkpoint must provide: a packed parameter (qkv, gate_up) needs each of its parts.
     missing = set()
     for name in params:
-        parts = getattr(modules[name.rsplit(".", 1)[0]], "shards", None)
-        missing |= {(name, i) for i in range(len(parts))} if parts else {(name, None)}
+        packed_parts = getattr(modules[name.rsplit(".", 1)[0]], "shards", None)
+        missing |= {(name, i) for i in range(len(packed_parts))} if packed_parts else {(name, None)}
     for file in _safetensors_files(folder):
         with safe_open(file, framework="pt", device=str(device)) as f:
             for name in f.keys():
@@ -121,11 +121,12 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
                     raise ValueError(f"unexpected tensor {name!r} in {file.name}: not a Llama/Mistral weight")
                 param, module = params[target].data, modules[target.rsplit(".", 1)[0]]
                 checkpoint_slice = f.get_slice(name)  # nothing read yet
-                expected = module.checkpoint_shape(param, shard) if hasattr(module, "weight_loader") else param.shape
-                if tuple(checkpoint_slice.get_shape()) != tuple(expected):
-                    raise ValueError(f"{name}: checkpoint shape {tuple(checkpoint_slice.get_shape())} "
-                                     f"!= model {tuple(expected)}")
-                if hasattr(module, "weight_loader"):  # a split layer: this rank's slice only
+                split = hasattr(module, "weight_loader")  # a split layer reads this rank's slice only
+                expected = tuple(module.checkpoint_shape(param, shard) if split else param.shape)
+                shape = tuple(checkpoint_slice.get_shape())
+                if shape != expected:
+                    raise ValueError(f"{name}: checkpoint shape {shape} != model {expected}")
+                if split:
                     module.weight_loader(param, checkpoint_slice, shard)
                 else:
                     param.copy_(checkpoint_slice[:])
