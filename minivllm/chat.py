@@ -2,9 +2,12 @@
 
 A chat model was trained on conversations laid out in its own format (special tokens around each
 turn); the tokenizer's Jinja chat template writes that format. Messages are checked here, at the
-door: a message without a role would otherwise fail deep inside the template engine.
+door: a message without a role would otherwise fail deep inside the template engine. The server
+runs `check_messages` on each request body (protocol.parse_request), so a bad one is a 400.
 """
 from __future__ import annotations
+
+import reprlib
 
 ROLES = ("system", "user", "assistant")
 
@@ -17,7 +20,8 @@ def message_text(message: dict, index: int) -> str:
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
         return "".join(p["text"] for p in content)
-    raise ValueError(f"messages[{index}].content must be a string or a list of text parts")
+    raise ValueError(f"messages[{index}].content must be a string or a list of "
+                     f"{{'type': 'text', 'text': str}} parts, got {reprlib.repr(content)}")
 
 
 def check_messages(messages) -> list[dict]:
@@ -28,8 +32,9 @@ def check_messages(messages) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'")
-        if message.get("role") not in ROLES:
-            raise ValueError(f"messages[{i}].role must be one of {ROLES}, got {message.get('role')!r}")
+        role = message.get("role")
+        if role not in ROLES:
+            raise ValueError(f"messages[{i}].role must be one of {ROLES}, got {reprlib.repr(role)}")
         checked.append({"role": message["role"], "content": message_text(message, i)})
     return checked
 

@@ -3,12 +3,17 @@
 Every keyword of `LLM(...)` is a flag, in kebab case, read off `EngineConfig` itself so the two can
 never drift apart: `--max-model-len 1024 --num-kv-blocks 256 --dtype float32 --device cpu`, and
 switches such as `--enforce-eager` or `--no-enable-prefix-caching`.
+
+The server runs until Ctrl-C or SIGTERM (then it stops the engine core and any workers, and exits
+0), or until the engine core dies (then open streams get an error event, `/health` answers 503 and
+the server exits with status 1 within a few seconds, so that a supervisor restarts it).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
-import os
+import sys
 import typing
 
 from .config import EngineConfig
@@ -38,8 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None, help="the name clients ask for (default: MODEL)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument("--engine-core-process", action=argparse.BooleanOptionalAction, default=True,
+                       help="run the engine core in a process of its own; --no-engine-core-process runs it in a "
+                            "thread of the server's process (the ablation: both then share one GIL)")
     _add_engine_flags(serve)
     return parser
+
+
+ENGINE_DEAD_GRACE_S = 2.0   # the open streams' error events go out before the server stops
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -48,19 +59,36 @@ def serve(args: argparse.Namespace) -> None:
     from .engine.async_llm import AsyncLLM
     from .server.api_server import build_app
 
-    if os.environ.get("MINIVLLM_PROFILE") == "t4":  # a notebook under the T4 profile started this server
-        from .notebook import setup
-        setup(profile="t4", quiet=True)
     engine_args = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if f.name != "model"}
     try:
-        engine = AsyncLLM(args.model, **engine_args)
+        engine = AsyncLLM(args.model, engine_core_process=args.engine_core_process, **engine_args)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"minivllm serve: {e}") from None
     app = build_app(engine, args.served_model_name or args.model)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=3))
+
+    async def stop_when_the_engine_dies():
+        while engine.is_running:
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(ENGINE_DEAD_GRACE_S)
+        server.should_exit = True
+
+    async def run():
+        watchdog = asyncio.create_task(stop_when_the_engine_dies())
+        try:
+            await server.serve()
+        finally:
+            watchdog.cancel()
+
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        asyncio.run(run())
     finally:
+        died = engine.error
         engine.shutdown()
+    if died is not None:
+        print(f"minivllm serve: {died}; exiting", file=sys.stderr)
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

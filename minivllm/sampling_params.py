@@ -2,11 +2,19 @@
 
     >>> SamplingParams(temperature=0, max_tokens=32)           # greedy
     >>> SamplingParams(temperature=0.8, top_p=0.95, seed=1)    # reproducible sampling
+
+Every field is checked when the object is made: a wrong type or an out-of-range value raises a
+`ValueError` that names the field. Nothing is coerced (`stop={"a": 1}` is an error, not `["a"]`),
+and every int fits in signed 64 bits, so a request can be sent between processes with msgpack.
 """
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass
+
+INT32_MAX = 2**31 - 1                      # bound of the counts (top_k, max_tokens): ample
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1   # what msgpack's int64 and torch's manual_seed both take
 
 
 @dataclass
@@ -14,45 +22,65 @@ class SamplingParams:
     temperature: float = 1.0      # 0 = greedy
     top_p: float = 1.0            # keep the smallest set of tokens whose probability reaches top_p
     top_k: int = -1               # keep the k most likely tokens; -1 = all
-    max_tokens: int = 16
+    max_tokens: int = 16          # a value past the context simply means "until the context is full"
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     seed: int | None = None       # per-request generator: same seed, same tokens
     stop: list[str] | str | None = None  # strings that end the answer (not included in its text)
 
     def __post_init__(self):
-        # Values arrive from JSON bodies and CLI flags too: a wrong type gets a clear message here,
-        # not a TypeError from a comparison deep in the engine.
-        _check_number("temperature", self.temperature, float)
-        _check_number("top_p", self.top_p, float)
-        _check_number("top_k", self.top_k, int)
-        _check_number("max_tokens", self.max_tokens, int)
-        if self.seed is not None:
-            _check_number("seed", self.seed, int)
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids or []):
-            raise ValueError(f"stop_token_ids must be a list of int, got {self.stop_token_ids!r}")
+        # Values arrive from JSON bodies and CLI flags too: a wrong one gets a clear message here,
+        # not a TypeError from a comparison, or an overflow in torch, deep in the engine.
+        _check_real("temperature", self.temperature)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _check_real("top_p", self.top_p)
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        _check_int("top_k", self.top_k, -1, INT32_MAX)
+        if self.top_k == 0:
+            raise ValueError("top_k must be -1 (off) or >= 1, got 0")
+        _check_int("max_tokens", self.max_tokens, 1, INT32_MAX)
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be a bool, got {_show(self.ignore_eos)}")
+        if self.seed is not None:
+            _check_int("seed", self.seed, INT64_MIN, INT64_MAX)
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        if not _list_of(stop, lambda s: isinstance(s, str) and s != ""):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {_show(self.stop)}")
+        if not _list_of(self.stop_token_ids, lambda t: _is_int(t) and 0 <= t <= INT64_MAX):
+            raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), "
+                             f"got {_show(self.stop_token_ids)}")
+        self.stop, self.stop_token_ids = list(stop or []), list(self.stop_token_ids or [])  # copies
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-def _check_number(name: str, value, kind: type) -> None:
-    """int for an int field; int or float for a float field; never bool, None or a string."""
-    allowed = (int, float) if kind is float else (int,)
-    if isinstance(value, bool) or not isinstance(value, allowed) or not math.isfinite(value):
-        raise ValueError(f"{name} must be {'a number' if kind is float else 'an integer'}, got {value!r}")
+def _show(value) -> str:
+    return reprlib.repr(value)  # a bounded repr: a 10 MB string in a request makes a short message
+
+
+def _list_of(value, ok) -> bool:
+    """None, or a list or tuple whose every item is ok (a dict or a set is not taken for its keys)."""
+    return value is None or (isinstance(value, (list, tuple)) and all(ok(v) for v in value))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is no token id
+
+
+def _check_int(name: str, value, low: int, high: int) -> None:
+    if not _is_int(value):
+        raise ValueError(f"{name} must be an integer, got {_show(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {_show(value)}")
+
+
+def _check_real(name: str, value) -> None:
+    """A float field takes an int or a float, finite; never bool, None or a string."""
+    if _is_int(value):
+        _check_int(name, value, INT64_MIN, INT64_MAX)  # before isfinite, which overflows on 10**400
+    elif not isinstance(value, float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {_show(value)}")

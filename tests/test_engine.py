@@ -119,6 +119,9 @@ def test_bad_requests_and_options(tiny_llama):
         llm.llm_engine.add_request("x", [1], GREEDY)
     with pytest.raises(ValueError, match="prompts but"):
         llm.generate([[1], [2]], [GREEDY])
+    for bad in (None, 5, {1, 2}):
+        with pytest.raises(ValueError, match="prompts must be"):
+            llm.generate(bad, GREEDY)
     with pytest.raises(ValueError, match="num_kv_blocks must be a positive integer"):  # checked at the door
         LLM(tiny_llama[0], max_model_len=64, num_kv_blocks=0)
     for bad in (dict(dtype="float8"), dict(load_format="pt"), dict(attention_backend="cuda")):

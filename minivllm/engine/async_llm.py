@@ -5,81 +5,104 @@
     ...     print(out.outputs[0].text)         # cumulative: the answer so far; the last has finished=True
     >>> await engine.abort("r1"); engine.get_stats(); engine.shutdown()
 
-`LLMEngine.step()` is blocking work (a whole forward pass on the GPU). Called on the event loop, it
-would freeze every connection of the server for the length of a step. So, as vLLM runs its
-EngineCore apart from the API server, the engine here lives in a thread of its own that loops:
+Two halves, as in vLLM's V1 engine:
 
-    take the commands that arrived (add, abort) -> one step -> hand each output to its stream
+- the engine core (scheduler, model runner, tensor-parallel workers), in a process of its own
+  (`core.py`): it steps as fast as the GPU allows and sends each step's token ids;
+- the frontend, here, on the server's event loop: it checks and tokenizes requests
+  (`InputProcessor`), turns the core's token ids into text and streams (`OutputProcessor`), and
+  asks the core to abort a request whose client left or whose stop string appeared.
 
-The event loop and the engine thread meet in two places only: a queue of commands going in, and
-one `asyncio.Queue` per request coming out (filled with `call_soon_threadsafe`, the one
-thread-safe way into an event loop). The engine's state is touched by its thread alone, so it
-needs no lock. A consumer that stops iterating, or is cancelled (a client that hung up), aborts its
-request: its KV blocks come back at once.
+They meet through `MPClient`: ZMQ sockets and one receiving thread, which hands each step's message
+to the event loop with one `call_soon_threadsafe` (not one per request). With
+`engine_core_process=False` the same core loop runs in a thread of this process instead
+(`InprocClient`, the ablation): then the engine's Python and the server's Python share one GIL.
+
+A consumer that stops iterating, or is cancelled (a client that hung up), aborts its request: its KV
+blocks come back at once. If the core dies, every open stream raises `EngineDeadError`.
 """
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
-import queue
-import threading
+import weakref
 from collections.abc import AsyncIterator
 
 from ..config import engine_config
+from ..models.loader import load_tokenizer, resolve_model
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-from .llm_engine import LLMEngine
+from .core_client import InprocClient, MPClient
+from .core_messages import EngineCoreOutputs, EngineCoreRequest
+from .input_processor import InputProcessor
+from .output_processor import OutputProcessor, RequestState, RequestStream
 
 
 class EngineDeadError(RuntimeError):
-    """The engine thread stopped on an error: no request can be served any more."""
+    """The engine core stopped on an error: no request can be served any more."""
 
 
 class AsyncLLM:
-    def __init__(self, model: str, **engine_args):
-        self.llm_engine = LLMEngine(engine_config("AsyncLLM", model, engine_args))
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+    def __init__(self, model: str, engine_core_process: bool = True, **engine_args):
+        config = engine_config("AsyncLLM", model, engine_args)
+        self.tokenizer = load_tokenizer(resolve_model(config.model).folder)  # before the core: it may build the folder
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.error: EngineDeadError | None = None   # set if the engine core died
+        self._stopped = False
         self._ids = itertools.count()
-        self.error: BaseException | None = None   # set if the engine thread died
-        self._thread = threading.Thread(target=self._engine_loop, name="minivllm-engine", daemon=True)
-        self._thread.start()
+        self._loops: weakref.WeakSet = weakref.WeakSet()   # event loops with requests (tests run several)
+        client = MPClient if engine_core_process else InprocClient
+        self.engine_core = client(config, self._on_core_outputs, self._on_core_dead)
+        ready = self.engine_core.ready
+        self._stats = dict(ready.stats)
+        self.max_model_len = ready.max_model_len
+        self.input_processor = InputProcessor(self.tokenizer, ready.vocab_size, ready.max_model_len, ready.block_size,
+                                              ready.num_total_blocks, ready.max_num_batched_tokens,
+                                              ready.sliding_window)
 
     @property
-    def tokenizer(self):
-        return self.llm_engine.tokenizer
+    def llm_engine(self):
+        """The `LLMEngine` when it runs in this process (`engine_core_process=False`). With the core in
+        its own process, this object stands for it: `requests`, `get_stats()`, `max_model_len`."""
+        return self.engine_core.engine if isinstance(self.engine_core, InprocClient) else self
+
+    @property
+    def requests(self) -> dict[str, RequestState]:
+        """Requests not finished yet, by id, as the frontend sees them."""
+        return self.output_processor.requests
 
     @property
     def is_running(self) -> bool:
-        return self._thread.is_alive() and self.error is None
+        return self.error is None and not self._stopped
 
     # ---- the event loop's side ---------------------------------------------------------
     async def add_request(self, request_id: str, prompt, sampling_params: SamplingParams | None = None
-                          ) -> "RequestStream":
+                          ) -> RequestStream:
         """Queue a request; returns the stream of its outputs. Bad input raises ValueError here,
         so a server can answer 400 before it starts streaming."""
         if not self.is_running:
-            raise EngineDeadError(f"the engine has stopped: {self.error!r}")
-        if request_id in self._streams:
+            raise EngineDeadError(f"the engine has stopped: {self.error or 'shut down'}")
+        if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        outputs: asyncio.Queue = asyncio.Queue()
-        self._streams[request_id] = (asyncio.get_running_loop(), outputs)
-        added = concurrent.futures.Future()
-        self._commands.put(("add", request_id, prompt, sampling_params, added))
-        try:
-            await asyncio.wrap_future(added)       # the engine's ValueError for bad input lands here
-        except asyncio.CancelledError:             # the caller gave up while the engine was adding it
-            self._streams.pop(request_id, None)
-            self._commands.put(("abort", request_id))
-            raise
-        return RequestStream(self, request_id, outputs)
+        text, token_ids, params = self.input_processor.process(prompt, sampling_params)
+        loop = asyncio.get_running_loop()
+        self._loops.add(loop)
+        # The core sees a unique id: a client may reuse its id once a request has finished here,
+        # while the core's last messages about the old one are still on their way.
+        state = RequestState(request_id, f"{request_id}#{next(self._ids)}", text, token_ids, params,
+                             self.tokenizer, loop)
+        state.stream.on_close = self._drop
+        self.output_processor.add(state)
+        self.engine_core.add_request(EngineCoreRequest(
+            state.core_id, token_ids, float(params.temperature), float(params.top_p), params.top_k, params.max_tokens,
+            params.ignore_eos, params.stop_token_ids, params.seed))
+        return state.stream
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs of one request, at least one per step that advanced it; the last has
+        """Cumulative outputs of one request, one per step that advanced it; the last has
         `finished=True`. Stopping early (break, cancel) aborts the request."""
-        request_id = str(next(self._ids)) if request_id is None else request_id
+        request_id = f"gen-{next(self._ids)}" if request_id is None else request_id
         stream = await self.add_request(request_id, prompt, sampling_params)
         try:
             async for out in stream:
@@ -89,104 +112,57 @@ class AsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         """End a request now; its stream (if someone reads it) gets a last output, finish_reason "abort"."""
-        self._commands.put(("abort", request_id))
+        state = self.requests.get(request_id)
+        if state is not None:
+            self.output_processor.finish(state, "abort")
+            self.engine_core.abort_requests([state.core_id])
 
-    def _drop(self, stream: "RequestStream") -> None:
-        """A stream's reader is gone: nobody hears of the request any more, and the engine ends it. (Unless
+    def _drop(self, stream: RequestStream) -> None:
+        """A stream's reader is gone: nobody hears of the request any more, and the core ends it. (Unless
         the id already names a newer request, which a client may add once the old one has finished.)"""
-        registered = self._streams.get(stream.request_id)
-        if registered is not None and registered[1] is stream._outputs:
-            del self._streams[stream.request_id]
-            self._commands.put(("abort", stream.request_id))
+        state = stream.state
+        if self.requests.get(state.request_id) is state:
+            self.output_processor.remove(state)
+            self.engine_core.abort_requests([state.core_id])
 
     def get_stats(self) -> dict:
-        return self.llm_engine.get_stats()
+        """The engine's numbers (LLMEngine.get_stats), as of the core's latest message."""
+        return dict(self._stats)
 
     def shutdown(self) -> None:
-        """Abort what is left, stop the engine thread, then the engine's worker processes if any."""
-        if self._thread.is_alive():
-            self._commands.put(("stop",))
-            self._thread.join()
-        self.llm_engine.shutdown()
-
-    # ---- the engine thread's side ------------------------------------------------------
-    def _engine_loop(self) -> None:
-        engine = self.llm_engine
-        try:
-            while True:
-                # Idle: sleep until a command comes. Busy: take what has come, and step.
-                command = self._commands.get() if not engine.has_unfinished_requests() else self._next_command()
-                while command is not None:
-                    if command[0] == "stop":
-                        for request_id in list(engine.requests):
-                            self._deliver(engine.abort_request(request_id))
-                        return
-                    self._handle(command)
-                    command = self._next_command()
-                if engine.has_unfinished_requests():
-                    for out in engine.step():
-                        self._deliver(out)
-        except BaseException as e:  # a bug, or the GPU gone: every waiting stream hears of it
-            self.error = e
-            for loop, stream in list(self._streams.values()):
-                loop.call_soon_threadsafe(stream.put_nowait, EngineDeadError(f"the engine stopped: {e!r}"))
-            self._streams.clear()
-            raise
-
-    def _next_command(self):
-        try:
-            return self._commands.get_nowait()
-        except queue.Empty:
-            return None
-
-    def _handle(self, command) -> None:
-        kind, request_id = command[0], command[1]
-        if kind == "add":
-            prompt, params, added = command[2:]
-            try:
-                self.llm_engine.add_request(request_id, prompt, params)
-            except Exception as e:  # bad input: this request fails, the engine goes on
-                self._streams.pop(request_id, None)
-                added.set_exception(e)
-            else:
-                added.set_result(None)
-        elif kind == "abort":
-            self._deliver(self.llm_engine.abort_request(request_id))
-
-    def _deliver(self, out: RequestOutput | None) -> None:
-        if out is None:
+        """End what is left (each open stream gets a last output, "abort"), stop the core and its workers."""
+        if self._stopped:
             return
-        target = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
-        if target is not None:
-            loop, stream = target
-            try:
-                loop.call_soon_threadsafe(stream.put_nowait, out)
-            except RuntimeError:  # that event loop is closed: nobody is listening any more
-                pass
+        self._stopped = True
+        for state in list(self.requests.values()):
+            self._on_loop(state.loop, self.output_processor.finish, state, "abort")
+        self.engine_core.shutdown()
 
+    # ---- the core client's thread ------------------------------------------------------
+    def _on_core_outputs(self, message: EngineCoreOutputs) -> None:
+        self._stats = message.stats
+        if not message.outputs and not message.rejected:  # the stats alone, sent during a long step
+            return
+        for loop in list(self._loops):
+            self._on_loop(loop, self._process_outputs, message, loop)
 
-class RequestStream:
-    """The outputs of one request, as an async iterator; `close()` before the end aborts it."""
+    def _process_outputs(self, message: EngineCoreOutputs, loop) -> None:
+        to_abort = self.output_processor.process(message, loop)
+        if to_abort:  # stop strings: the core stops generating what nobody will read
+            self.engine_core.abort_requests(to_abort)
 
-    def __init__(self, engine: AsyncLLM, request_id: str, outputs: asyncio.Queue):
-        self.engine, self.request_id, self._outputs = engine, request_id, outputs
-        self.finished = False
+    def _on_core_dead(self, reason: str) -> None:
+        self.error = EngineDeadError(reason)
+        for state in list(self.requests.values()):
+            self._on_loop(state.loop, self._fail, state)
 
-    def __aiter__(self):
-        return self
+    def _fail(self, state: RequestState) -> None:
+        state.stream.put(self.error)
+        self.output_processor.remove(state)
 
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        out = await self._outputs.get()
-        if isinstance(out, BaseException):
-            self.finished = True
-            raise out
-        self.finished = out.finished
-        return out
-
-    def close(self) -> None:
-        """Idempotent; called when the reader leaves (a client that hung up, a consumer that broke off)."""
-        if not self.finished:
-            self.finished = True
-            self.engine._drop(self)
+    @staticmethod
+    def _on_loop(loop, callback, *args) -> None:
+        try:
+            loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # that event loop is closed: nobody is listening there any more
+            pass

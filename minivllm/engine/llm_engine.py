@@ -29,7 +29,8 @@ over N GPUs: this process is rank 0 and starts the other ranks' processes; `shut
 
 Bad input (an empty prompt, ids outside the vocabulary, a prompt that does not fit
 `max_model_len`, a request that could never fit in the KV pool, a duplicate request id)
-raises `ValueError` from `add_request` and changes nothing: other requests go on.
+raises `ValueError` from `add_request` (the checks live in `input_processor.py`) and changes
+nothing: other requests go on.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ import weakref
 
 import torch
 
-from ..cache.block_manager import BlockManager, cdiv
+from ..cache.block_manager import BlockManager
 from ..config import EngineConfig, resolve_dtype
 from ..distributed.parallel_state import check_divisible, tp_size
 from ..distributed.workers import TensorParallelWorkers
@@ -46,6 +47,7 @@ from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .detokenizer import IncrementalDetokenizer
+from .input_processor import InputProcessor
 from .model_runner import ModelRunner, SampledTokens
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
@@ -54,7 +56,7 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # a step's token budget when chunking: bi
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, detokenize: bool = True):
         self.config = config
         source = resolve_model(config.model)
         self.model_config = cfg = source.config
@@ -64,7 +66,9 @@ class LLMEngine:
         if self.max_model_len > cfg.max_position_embeddings:  # RoPE tables and the model stop there
             raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
                              f"{cfg.max_position_embeddings} positions (max_position_embeddings)")
-        self.tokenizer = load_tokenizer(source.folder)
+        # Without detokenization (the engine core of a server: its frontend makes the text) no
+        # tokenizer is loaded, and requests arrive as token ids.
+        self.tokenizer = load_tokenizer(source.folder) if detokenize else None
 
         self.max_num_batched_tokens = config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         if not config.enable_chunked_prefill:  # a whole prompt must fit in one step
@@ -107,6 +111,8 @@ class LLMEngine:
                                    self.max_num_batched_tokens, self.max_model_len,
                                    generation_eos_ids(cfg, source.folder), config.enable_chunked_prefill,
                                    cfg.sliding_window, continuous=config.enable_continuous_batching)
+        self.input_processor = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len, self.block_size,
+                                              num_blocks, self.max_num_batched_tokens, cfg.sliding_window)
         # The step launched on the GPU whose tokens the host has not read yet (async scheduling).
         self._in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
 
@@ -132,49 +138,10 @@ class LLMEngine:
         return self.scheduler.requests
 
     # ---- requests in -------------------------------------------------------------------
-    def encode_prompt(self, prompt) -> tuple[str | None, list[int]]:
-        """A str, a list of token ids, or {"prompt_token_ids": [...]} -> (text, token ids), validated."""
-        text = None
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" not in prompt:
-                raise ValueError("a dict prompt needs the key 'prompt_token_ids'")
-            prompt = prompt["prompt_token_ids"]
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: pass token ids, not text")
-            text, prompt = prompt, self.tokenizer.encode(prompt)
-        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
-            raise ValueError(f"a prompt is a str, a list of int token ids or a dict; got {type(prompt).__name__}")
-        if not prompt:
-            raise ValueError("empty prompt: at least one token is needed")
-        bad = [t for t in prompt if not 0 <= t < self.model_config.vocab_size]
-        if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(f"prompt of {len(prompt)} tokens leaves no room to generate within "
-                             f"max_model_len={self.max_model_len}")
-        return text, list(prompt)
-
-    def _blocks_needed_at_most(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        tokens = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
-        window = self.model_config.sliding_window
-        if window is not None:  # only the window and the step's new tokens are ever held
-            return min(cdiv(tokens, self.block_size), cdiv(window + self.max_num_batched_tokens, self.block_size) + 1)
-        return cdiv(tokens, self.block_size)
-
     def add_request(self, request_id: str, prompt, sampling_params: SamplingParams | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        params = sampling_params or SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        text, token_ids = self.encode_prompt(prompt)
-        need = self._blocks_needed_at_most(len(token_ids), params)
-        if need > self.block_manager.num_total_blocks:
-            raise ValueError(f"request needs up to {need} KV blocks but the pool has "
-                             f"{self.block_manager.num_total_blocks}: it could never run")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        text, token_ids, params = self.input_processor.process(prompt, sampling_params)
         seq = Sequence(request_id, token_ids, params, text, self.device)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)

@@ -3,10 +3,13 @@
     POST /v1/completions, /v1/chat/completions   answers, streamed as server-sent events or whole
     GET  /v1/models, /health, /metrics, /         the model, liveness, Prometheus text, the chat page
 
-Every request is a coroutine on one event loop; the engine steps in its own thread (see
-`AsyncLLM`), so a long forward pass never stops the server from answering. Under overload requests
-simply wait in the scheduler's queue. A client that hangs up aborts its request: for a stream,
-Starlette cancels the response's generator; for a whole answer, a watcher of the connection does.
+Every request is a coroutine on one event loop; the engine core steps in a process of its own (see
+`AsyncLLM`), so a long forward pass never stops the server from answering, and the server's Python
+never delays the next step. Under overload requests simply wait in the scheduler's queue. A client
+that hangs up aborts its request: for a stream, Starlette cancels the response's generator; for a
+whole answer, a watcher of the connection does. A stream whose client reads slower than the engine
+generates gets the missed steps merged into one event; events are encoded by msgspec, not by a
+model object per token.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import json
 import time
 from importlib import resources
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
@@ -29,7 +33,7 @@ from .protocol import APIError
 def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
     app = FastAPI(title="minivllm", docs_url=None, redoc_url=None)
     metrics = ServerMetrics(engine, served_model_name)
-    max_model_len = engine.llm_engine.max_model_len
+    max_model_len = engine.max_model_len
     chat_page = resources.files("minivllm.server").joinpath("static/chat.html").read_text()
 
     @app.exception_handler(APIError)
@@ -90,7 +94,7 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
 
     async def _last(stream):
         last = None
-        async for out in stream:
+        async for out in stream.merged():
             metrics.on_output(out, last)
             last = out
         metrics.on_finished(last)
@@ -102,13 +106,13 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
             body = protocol.response(request_id, served_model_name, chat, choices, True, usage)
             if include_usage and usage is None:
                 body["usage"] = None  # OpenAI's shape: null on every chunk but the last
-            return f"data: {json.dumps(body)}\n\n"
+            return b"data: " + encode(body) + b"\n\n"
 
         try:
             if chat:  # OpenAI's streams open with the role
                 yield event([protocol.choice(chat, "", None, delta=True, first=True)])
             sent_text, last = "", None
-            async for out in stream:
+            async for out in stream.merged():  # the steps a slow reader missed come as one event
                 metrics.on_output(out, last)
                 last, text = out, out.outputs[0].text
                 reason = out.outputs[0].finish_reason if out.finished else None
@@ -117,9 +121,9 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
             metrics.on_finished(last)
             if include_usage:
                 yield event([], protocol.usage(len(last.prompt_token_ids), len(last.outputs[0].token_ids)))
-            yield "data: [DONE]\n\n"
+            yield b"data: [DONE]\n\n"
         except EngineDeadError as e:
-            yield f"data: {json.dumps(_engine_stopped(e).body())}\n\n"
+            yield b"data: " + encode(_engine_stopped(e).body()) + b"\n\n"
         finally:
             stream.close()
 
@@ -132,6 +136,9 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         return await serve(request, chat=True)
 
     return app
+
+
+encode = msgspec.json.Encoder().encode
 
 
 def _engine_stopped(reason) -> APIError:

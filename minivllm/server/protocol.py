@@ -2,20 +2,27 @@
 
 Plain dicts rather than pydantic models, so that what the server accepts and answers is readable in
 one file, and every bad value gets OpenAI's error shape with status 400 (FastAPI's validation
-would answer 422 in its own shape).
+would answer 422 in its own shape). Whatever JSON a client sends, `parse_request` returns a
+`ParsedRequest` or raises `APIError` (400) naming the field: `true` where a count belongs, a dict
+where a number belongs, NaN, 10**30 or a nested list stop here, not as a 500 from deep in the engine.
 
 Requests: `/v1/completions` (a text or token-id prompt) and `/v1/chat/completions` (messages).
 Fields read: model, prompt | messages, max_tokens (chat: also max_completion_tokens), temperature,
-top_p, top_k, seed, stop, n (1 only), stream, stream_options.include_usage, and vLLM's ignore_eos.
-Fields OpenAI defines that change nothing here (user, ...) are ignored, as OpenAI's clients send them.
+top_p, top_k, seed, stop, n (1 only), stream, stream_options.include_usage, user (ignored), and
+vLLM's ignore_eos and stop_token_ids. null means "the default" for every one but model and the prompt.
+Fields that would change the answer but are not implemented (logprobs, tools, penalties, ...) are
+refused by name, unless their value asks for nothing (null, false, 0, []): a client that asks for
+them must not get an answer that silently lacks them. Unknown fields are ignored, as vLLM does.
 """
 from __future__ import annotations
 
+import reprlib
 import time
 import uuid
 from dataclasses import dataclass
 
-from ..sampling_params import SamplingParams
+from ..chat import check_messages
+from ..sampling_params import INT64_MAX, SamplingParams
 
 
 class APIError(Exception):
@@ -31,56 +38,94 @@ class APIError(Exception):
 
 @dataclass
 class ParsedRequest:
-    prompt: object                 # str | list[int] for completions; the messages for chat
+    prompt: object                 # str | list[int] for completions; the checked messages for chat
     params: SamplingParams
     stream: bool
     include_usage: bool
     max_tokens_given: bool         # chat without max_tokens: the answer may fill the context
+    model: str = ""                # the model asked for (a str: checked here)
 
 
-def _or(value, default):
-    return default if value is None else value
-
-
-def _get(body: dict, name: str, kind, default=None):
-    """A field that is not a sampling value (n, stream, ...): its type checked here."""
-    value = body.get(name, default)
-    if value is None:
-        return default
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise APIError(f"'{name}' must be of type {kind.__name__}, got {value!r}")
-    return value
+# Fields this server does not implement, with the values that ask for nothing (null always does).
+# A value matches only with its own type: `"n": true` or `"best_of": 1.0` is no default.
+_UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
+                "logprobs": (False,), "min_p": (0, 0.0), "repetition_penalty": (1, 1.0), "min_tokens": (0,)}
+_UNSUPPORTED_CHAT = {**_UNSUPPORTED, "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",),
+                     "response_format": ({"type": "text"},)}
+_UNSUPPORTED_COMPLETIONS = {**_UNSUPPORTED, "echo": (False,), "best_of": (1,), "suffix": ("",)}
 
 
 def parse_request(body, chat: bool) -> ParsedRequest:
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
     key = "messages" if chat else "prompt"
-    if key not in body:
-        raise APIError(f"missing required field '{key}'")
-    if "model" not in body:
-        raise APIError("missing required field 'model'")
-    prompt = body[key] if chat else _completion_prompt(body[key])
+    for name in (key, "model"):
+        if body.get(name) is None:
+            raise APIError(f"missing required field '{name}'")
+    model = _get(body, "model", str)  # the server compares it with its own name: a str, or a 400
+    _get(body, "user", str)
+    for name, harmless in (_UNSUPPORTED_CHAT if chat else _UNSUPPORTED_COMPLETIONS).items():
+        value = body.get(name)
+        if value is not None and not any(type(value) is type(h) and value == h for h in harmless):
+            raise APIError(f"'{name}' is not supported by this server, got {_show(value)}")
     if _get(body, "n", int, 1) != 1:
-        raise APIError("only n=1 is supported")
-    max_tokens = body.get("max_tokens")
-    if chat and max_tokens is None:
-        max_tokens = body.get("max_completion_tokens")
-    stream_options = _get(body, "stream_options", dict, {})
+        raise APIError("'n' must be 1: one choice per request is supported")
+    prompt = _chat_messages(body["messages"]) if chat else _completion_prompt(body["prompt"])
+    stream = _get(body, "stream", bool, False)
+    include_usage = _get(_get(body, "stream_options", dict, {}), "include_usage", bool, False,
+                         "stream_options.include_usage")
+    # Chat's newer name for max_tokens wins, as in vLLM; the other one, if given too, is still checked.
+    newer = chat and body.get("max_completion_tokens") is not None
+    tokens_name = "max_completion_tokens" if newer else "max_tokens"
+    for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
+        _get(body, name, int)
+    max_tokens = body.get(tokens_name)
     try:  # SamplingParams checks the sampling values' types and ranges; null means "the default"
         params = SamplingParams(
             temperature=_or(body.get("temperature"), 1.0),
             top_p=_or(body.get("top_p"), 1.0),
             top_k=_or(body.get("top_k"), -1),
             max_tokens=_or(max_tokens, 16),  # OpenAI's default for completions
-            ignore_eos=_get(body, "ignore_eos", bool, False),
+            ignore_eos=_or(body.get("ignore_eos"), False),
+            stop_token_ids=body.get("stop_token_ids"),
             seed=body.get("seed"),
             stop=body.get("stop"),
         )
+    except ValueError as e:  # its message names the field; the client's own name for max_tokens
+        message = str(e)
+        if message.startswith("max_tokens ") and tokens_name != "max_tokens":
+            message = tokens_name + message[len("max_tokens"):]
+        raise APIError(message) from None
+    return ParsedRequest(prompt, params, stream, include_usage, max_tokens is not None, model)
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _show(value) -> str:
+    return reprlib.repr(value)  # bounded: a 10 MB string in a request makes a short message
+
+
+def _get(body: dict, name: str, kind: type, default=None, label: str | None = None):
+    """A field's value if it is of type `kind` (never a bool where an int belongs); null or
+    absent: the default."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise APIError(f"'{label or name}' must be of type {_JSON_NAMES[kind]}, got {_show(value)}")
+    return value
+
+
+_JSON_NAMES = {str: "string", int: "integer", bool: "boolean", dict: "object"}
+
+
+def _chat_messages(messages) -> list[dict]:
+    try:
+        return check_messages(messages)  # chat.py's check, also run by encode_chat for direct callers
     except ValueError as e:
         raise APIError(str(e)) from None
-    return ParsedRequest(prompt, params, _get(body, "stream", bool, False),
-                         bool(stream_options.get("include_usage")), max_tokens is not None)
 
 
 def _completion_prompt(prompt):
@@ -88,9 +133,10 @@ def _completion_prompt(prompt):
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str) or (isinstance(prompt, list) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX for t in prompt)):
         return prompt
-    raise APIError("'prompt' must be a string or a list of token ids (one prompt per request)")
+    raise APIError(f"'prompt' must be a string or a list of token ids (integers >= 0), one prompt "
+                   f"per request; got {_show(prompt)}")
 
 
 # ---- responses -------------------------------------------------------------------------

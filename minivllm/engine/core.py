@@ -1,0 +1,225 @@
+"""EngineCore: the scheduler and the model runner in a busy loop, fed by messages, in a process of its own.
+
+    python -m minivllm.engine.core INPUT_ADDRESS OUTPUT_ADDRESS CONFIG_JSON    (started by AsyncLLM)
+
+Why a process. A server's frontend (HTTP, JSON, tokenizing, detokenizing, one event per token per
+client) is Python, and so is the engine's step loop around the GPU. In one process they take turns
+on the GIL: while uvicorn writes a thousand SSE events, the GPU waits for its next step, and while
+the engine prepares a step, no client hears anything. vLLM measured it (the API server took a third
+of a step) and answered with its V1 architecture: `EngineCore` in its own process, talking to the
+frontend over ZMQ. So does minivllm. The two processes then run truly in parallel, on two cores.
+
+The loop (`EngineCore.run_busy_loop`):
+
+    idle: sleep until a message comes      busy: take what has come (adds, aborts), then one step
+    -> one `EngineCoreOutputs` message per step: every request's new token ids, finish reasons, stats
+       (and, during a step longer than STATS_INTERVAL_S, the stats alone, so /metrics stays current)
+
+Socket I/O runs in two threads of this process, as in vLLM: one receives and decodes (a message
+that does not decode as one of the typed structs is logged and dropped: nothing that arrives is
+trusted or unpickled), one encodes and sends, so neither ever delays the next step by more than a
+queue operation. The core does no text work: the frontend tokenizes, detokenizes and matches stop
+strings, and sends an abort when a stop string ends a request.
+
+`AsyncLLM(..., engine_core_process=False)` runs this same loop in a thread of the server's process
+instead (the ablation): the messages are then handed over in memory, not encoded.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+
+from ..config import EngineConfig
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+from .core_messages import (AbortRequests, CoreInput, EngineCoreFailed, EngineCoreOutput, EngineCoreOutputs,
+                            EngineCoreReady, EngineCoreRequest, RejectedRequest, Shutdown)
+from .llm_engine import LLMEngine
+
+logger = logging.getLogger("minivllm.engine.core")
+STATS_INTERVAL_S = 0.1  # while busy, /metrics hears from the core at least this often, however long a step
+
+
+def make_engine(config: EngineConfig) -> LLMEngine:
+    """The engine a core runs: no tokenizer (the frontend does the text), in the process holding the GPU."""
+    if os.environ.get("MINIVLLM_PROFILE") == "t4":  # a notebook under the T4 profile started this server
+        from ..notebook import setup
+        setup(profile="t4", quiet=True)
+    return LLMEngine(config, detokenize=False)
+
+
+class EngineCore:
+    """The busy loop around an `LLMEngine`; messages come from `inputs`, results go to `send`."""
+
+    def __init__(self, engine: LLMEngine, inputs: queue.SimpleQueue, send: Callable[[object], None]):
+        self.engine, self.inputs, self.send = engine, inputs, send
+        self._num_sent: dict[str, int] = {}   # output tokens already reported, per live request
+        self._last_sent = time.monotonic()
+
+    def ready_message(self) -> EngineCoreReady:
+        e = self.engine
+        return EngineCoreReady(e.model_config.vocab_size, e.max_model_len, e.block_size,
+                               e.block_manager.num_total_blocks, e.max_num_batched_tokens,
+                               e.model_config.sliding_window, e.get_stats())
+
+    def run_busy_loop(self) -> None:
+        """Until a Shutdown message: take the messages that arrived, step if there is work, report."""
+        done = threading.Event()
+        reporter = threading.Thread(target=self._report_stats_while_busy, args=(done,), daemon=True,
+                                    name="minivllm-core-stats")
+        reporter.start()
+        try:
+            self._loop()
+        finally:
+            done.set()
+            reporter.join()
+
+    def _report(self, outputs: list, rejected: list) -> None:
+        self._last_sent = time.monotonic()
+        self.send(EngineCoreOutputs(outputs, self.engine.get_stats(), rejected))
+
+    def _report_stats_while_busy(self, done: threading.Event) -> None:
+        """A step can take seconds (a long prefill on a CPU, a big batch): meanwhile the gauges of
+        /metrics (running, waiting, KV usage) would show the last step's numbers. So, between steps'
+        messages, this thread sends the stats alone. It only reads counters (len of the scheduler's
+        queues, the free blocks) that the GIL keeps whole; two of them may be a moment apart."""
+        while not done.wait(STATS_INTERVAL_S):
+            if self.engine.has_unfinished_requests() and time.monotonic() - self._last_sent >= STATS_INTERVAL_S:
+                self._report([], [])
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            # Idle: block until a message comes. Busy: only take what is already there.
+            message = self.inputs.get() if not engine.has_unfinished_requests() else self._next_message()
+            outputs: list[EngineCoreOutput] = []
+            rejected: list[RejectedRequest] = []
+            while message is not None:
+                if isinstance(message, Shutdown):
+                    for request_id in list(engine.requests):
+                        outputs.append(self._news(engine.abort_request(request_id)))
+                    self._report(outputs, rejected)
+                    return
+                self._handle(message, outputs, rejected)
+                message = self._next_message()
+            if engine.has_unfinished_requests():
+                outputs.extend(self._news(out) for out in engine.step())
+            self._report(outputs, rejected)
+
+    def _next_message(self) -> CoreInput | None:
+        try:
+            return self.inputs.get_nowait()
+        except queue.Empty:
+            return None
+
+    def _handle(self, message: CoreInput, outputs: list, rejected: list) -> None:
+        if isinstance(message, EngineCoreRequest):
+            try:  # checked again here (the frontend checked first): a socket is not trusted
+                params = SamplingParams(temperature=message.temperature, top_p=message.top_p, top_k=message.top_k,
+                                        max_tokens=message.max_tokens, ignore_eos=message.ignore_eos,
+                                        stop_token_ids=message.stop_token_ids, seed=message.seed)
+                self.engine.add_request(message.request_id, message.prompt_token_ids, params)
+            except ValueError as e:
+                rejected.append(RejectedRequest(message.request_id, str(e)))
+        elif isinstance(message, AbortRequests):
+            for request_id in message.request_ids:
+                out = self.engine.abort_request(request_id)
+                if out is not None:
+                    outputs.append(self._news(out))
+
+    def _news(self, out: RequestOutput) -> EngineCoreOutput:
+        """The tokens of `out` not reported yet (with the overlap, an output may carry none)."""
+        token_ids = out.outputs[0].token_ids
+        sent = self._num_sent.pop(out.request_id, 0)
+        if not out.finished:
+            self._num_sent[out.request_id] = len(token_ids)
+        return EngineCoreOutput(out.request_id, token_ids[sent:], out.outputs[0].finish_reason if out.finished else None)
+
+
+# ---- the core's process ----------------------------------------------------------------
+def _receive(socket, inputs: queue.SimpleQueue) -> None:
+    import msgspec
+    import zmq
+
+    decoder = msgspec.msgpack.Decoder(CoreInput)
+    while True:
+        try:
+            frame = socket.recv()
+        except zmq.ContextTerminated:  # the process is ending
+            socket.close()
+            return
+        try:
+            message = decoder.decode(frame)
+        except msgspec.DecodeError as e:  # ValidationError is a DecodeError too
+            logger.warning("engine core: dropped a malformed message (%d bytes): %s", len(frame), e)
+            continue
+        inputs.put(message)
+
+
+def _send(socket, outbox: queue.SimpleQueue) -> None:
+    import msgspec
+
+    encoder = msgspec.msgpack.Encoder()
+    while (message := outbox.get()) is not None:
+        socket.send(encoder.encode(message), copy=False)
+
+
+def _exit_when_frontend_is_gone() -> None:
+    """The frontend holds our stdin: end of file means it has exited (even SIGKILLed). Leave too;
+    tensor-parallel workers watch this process the same way."""
+    sys.stdin.buffer.read()
+    os._exit(1)
+
+
+def run_engine_core(input_address: str, output_address: str, config: EngineConfig) -> int:
+    """The core process's life: connect, build the engine, report ready, loop. Returns the exit code."""
+    import zmq
+
+    context = zmq.Context()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 5000)  # a last message (a failure) still leaves before the process does
+    pull.connect(input_address)
+    push.connect(output_address)
+    inputs: queue.SimpleQueue = queue.SimpleQueue()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    receiver = threading.Thread(target=_receive, args=(pull, inputs), name="minivllm-core-receive")
+    sender = threading.Thread(target=_send, args=(push, outbox), name="minivllm-core-send")
+    receiver.start()
+    sender.start()
+    code, engine = 0, None
+    try:
+        engine = make_engine(config)
+        core = EngineCore(engine, inputs, outbox.put)
+        outbox.put(core.ready_message())
+        core.run_busy_loop()
+    except BaseException as e:  # noqa: BLE001 - any failure is reported, then the process exits non-zero
+        logger.error("engine core failed:\n%s", traceback.format_exc())
+        outbox.put(EngineCoreFailed(type(e).__name__, f"{type(e).__name__}: {e}"))
+        code = 1
+    finally:
+        if engine is not None:
+            engine.shutdown()
+        outbox.put(None)
+        sender.join()
+        push.close()
+        context.term()  # waits (up to the linger) for the last messages; ends the receiver's recv
+        receiver.join()
+    return code
+
+
+def main(argv: list[str]) -> None:
+    input_address, output_address, config_json = argv
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    threading.Thread(target=_exit_when_frontend_is_gone, name="minivllm-core-parent", daemon=True).start()
+    sys.exit(run_engine_core(input_address, output_address, EngineConfig(**json.loads(config_json))))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

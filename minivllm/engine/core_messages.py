@@ -1,0 +1,74 @@
+"""What the frontend and the engine core say to each other: typed msgspec structs, sent as msgpack.
+
+The core runs in a process of its own (see `core.py`), so every request, abort and step result
+crosses a socket. msgpack with typed structs (msgspec) keeps that cheap and safe: encoding a step's
+message is a few microseconds, and decoding checks every field's type against the struct, so a
+malformed message is refused as a whole. Nothing is pickled: unpickling runs arbitrary code.
+
+Frontend -> core: `EngineCoreRequest` (token ids and sampling values: text was tokenized in the
+frontend), `AbortRequests`, `Shutdown`.
+Core -> frontend: `EngineCoreReady` (once, with the sizes the frontend checks requests against),
+`EngineCoreOutputs` (one per step: every request's new token ids, finish reasons, the stats
+`/metrics` reads, requests the core refused), `EngineCoreFailed` (the core is about to exit).
+"""
+from __future__ import annotations
+
+import msgspec
+
+
+class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    ignore_eos: bool
+    stop_token_ids: list[int]
+    seed: int | None
+
+
+class AbortRequests(msgspec.Struct, tag="abort", frozen=True):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    pass
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, frozen=True):
+    """One request's news from one step. array_like: sent as a list, without field names."""
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None   # set on the request's last output
+
+
+class RejectedRequest(msgspec.Struct, array_like=True, frozen=True):
+    request_id: str
+    message: str
+
+
+class EngineCoreOutputs(msgspec.Struct, tag="outputs", frozen=True):
+    outputs: list[EngineCoreOutput]
+    stats: dict[str, int]                       # LLMEngine.get_stats() after the step
+    rejected: list[RejectedRequest] = []
+
+
+class EngineCoreReady(msgspec.Struct, tag="ready", frozen=True):
+    """The sizes a request is checked against, known only once the core has sized its KV pool."""
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    num_total_blocks: int
+    max_num_batched_tokens: int
+    sliding_window: int | None
+    stats: dict[str, int]
+
+
+class EngineCoreFailed(msgspec.Struct, tag="failed", frozen=True):
+    error_type: str       # "ValueError" for a bad configuration found at startup
+    message: str
+
+
+CoreInput = EngineCoreRequest | AbortRequests | Shutdown
+CoreOutput = EngineCoreOutputs | EngineCoreReady | EngineCoreFailed

@@ -1,0 +1,66 @@
+"""Requests checked at the door: a prompt becomes validated token ids, or a clear ValueError.
+
+Both the offline engine and the server's frontend run these checks, before anything is queued:
+bad input (an empty prompt, ids outside the vocabulary, a prompt that does not fit `max_model_len`,
+a request that could never fit in the KV pool) fails that request alone and changes nothing. With
+the engine core in its own process, the frontend checks here and answers 400 at once, without a
+round trip to the core (which checks again: it trusts nothing that arrives on a socket).
+"""
+from __future__ import annotations
+
+from ..cache.block_manager import cdiv
+from ..sampling_params import SamplingParams
+
+
+class InputProcessor:
+    def __init__(self, tokenizer, vocab_size: int, max_model_len: int, block_size: int, num_total_blocks: int,
+                 max_num_batched_tokens: int, sliding_window: int | None):
+        self.tokenizer = tokenizer
+        self.vocab_size, self.max_model_len = vocab_size, max_model_len
+        self.block_size, self.num_total_blocks = block_size, num_total_blocks
+        self.max_num_batched_tokens, self.sliding_window = max_num_batched_tokens, sliding_window
+
+    def encode_prompt(self, prompt) -> tuple[str | None, list[int]]:
+        """A str, a list of token ids, or {"prompt_token_ids": [...]} -> (text, token ids), validated."""
+        text = None
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" not in prompt:
+                raise ValueError("a dict prompt needs the key 'prompt_token_ids'")
+            prompt = prompt["prompt_token_ids"]
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass token ids, not text")
+            text, prompt = prompt, self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise ValueError(f"a prompt is a str, a list of int token ids or a dict; got {type(prompt).__name__}")
+        if not prompt:
+            raise ValueError("empty prompt: at least one token is needed")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(prompt)} tokens leaves no room to generate within "
+                             f"max_model_len={self.max_model_len}")
+        return text, list(prompt)
+
+    def blocks_needed_at_most(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        tokens = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
+        if self.sliding_window is not None:  # only the window and the step's new tokens are ever held
+            return min(cdiv(tokens, self.block_size),
+                       cdiv(self.sliding_window + self.max_num_batched_tokens, self.block_size) + 1)
+        return cdiv(tokens, self.block_size)
+
+    def process(self, prompt, params: SamplingParams | None) -> tuple[str | None, list[int], SamplingParams]:
+        """(text, token ids, sampling params) of a request that can run; ValueError otherwise."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        text, token_ids = self.encode_prompt(prompt)
+        need = self.blocks_needed_at_most(len(token_ids), params)
+        if need > self.num_total_blocks:
+            raise ValueError(f"request needs up to {need} KV blocks but the pool has "
+                             f"{self.num_total_blocks}: it could never run")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        return text, token_ids, params
