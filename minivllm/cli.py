@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import signal
 import sys
 import typing
 
@@ -53,6 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
 ENGINE_DEAD_GRACE_S = 2.0   # the open streams' error events go out before the server stops
 
 
+class _StopSignal(Exception):
+    """SIGTERM or Ctrl-C. uvicorn catches them while it serves, shuts down gracefully, then raises the
+    signal again for the handler that was there before: this one, so that the engine core is stopped
+    (not left to notice that its parent is gone) and the exit status is 0."""
+
+
+def _raise_stop(signum, frame):
+    raise _StopSignal(signal.Signals(signum).name)
+
+
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -81,9 +92,14 @@ def serve(args: argparse.Namespace) -> None:
         finally:
             watchdog.cancel()
 
+    before = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         asyncio.run(run())
+    except _StopSignal:
+        pass
     finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
         died = engine.error
         engine.shutdown()
     if died is not None:

@@ -1,17 +1,14 @@
-"""The serving-overhead benchmark in smoke mode: offline, then the real server in each engine-core mode
-that `minivllm serve` has (process mode only once it takes --engine-core-process)."""
+"""The serving-overhead benchmark in smoke mode: offline, then the real server in each engine-core mode."""
 import json
 
 import pytest
 
-from minivllm.bench.serve_overhead import SMOKE, main, serve_has_engine_core_flag
+from minivllm.bench.serve_overhead import SMOKE, main
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_smoke_run_offline_and_served(mode, tmp_path, capsys):
-    if mode == "process" and not serve_has_engine_core_flag():
-        pytest.skip("minivllm serve has no --engine-core-process yet")
     out = tmp_path / "serve_overhead.json"
     main(["--smoke", "--modes", mode, "--out", str(out), "--plot", str(tmp_path / "overhead.png")])
     result = json.loads(out.read_text())

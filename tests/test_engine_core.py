@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import msgspec
@@ -27,8 +28,15 @@ from minivllm import LLM, AsyncLLM, SamplingParams
 from minivllm.config import engine_config
 from minivllm.engine import core as core_module
 from minivllm.engine.async_llm import EngineDeadError
-from minivllm.engine.core_messages import (AbortRequests, CoreOutput, EngineCoreFailed, EngineCoreOutputs,
-                                           EngineCoreReady, EngineCoreRequest, Shutdown)
+from minivllm.engine.core_messages import (
+    AbortRequests,
+    CoreOutput,
+    EngineCoreFailed,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    Shutdown,
+)
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.server.launcher import free_port
 
@@ -234,13 +242,13 @@ def word_model(tmp_path_factory):
 
 def start_server(model: str, tmp_path, env: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", model, "--load-format", "dummy",
-                             "--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
-                             "--num-kv-blocks", "64", "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+    with open(tmp_path / "server.log", "w") as log:  # the child keeps its own copy of the file
+        proc = subprocess.Popen([sys.executable, "-m", "minivllm", "serve", model, "--load-format", "dummy",
+                                 "--device", "cpu", "--dtype", "float32", "--max-model-len", "256",
+                                 "--num-kv-blocks", "64", "--host", "127.0.0.1", "--port", str(port),
+                                 "--log-level", "warning"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         assert proc.poll() is None, (tmp_path / "server.log").read_text()
@@ -260,8 +268,8 @@ def core_processes(server_pid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                stat = open(f"/proc/{entry}/stat").read()
-                command = open(f"/proc/{entry}/cmdline").read()
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                command = Path(f"/proc/{entry}/cmdline").read_text()
             except OSError:
                 continue
             if int(stat.rsplit(")", 1)[1].split()[1]) == server_pid and "minivllm.engine.core" in command:
@@ -271,7 +279,7 @@ def core_processes(server_pid: int) -> list[int]:
 
 def alive(pid: int) -> bool:
     try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
     return state != "Z"

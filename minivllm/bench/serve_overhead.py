@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import math
 import os
 import random
@@ -89,24 +88,6 @@ def parse_args(argv=None):
         if unknown := [c for c in chosen if c not in known]:
             p.error(f"unknown {name} {unknown}: choose from {list(known)}")
     return args
-
-
-@functools.cache
-def serve_has_engine_core_flag() -> bool:
-    """Whether `minivllm serve` takes --engine-core-process (asked of its parser, as `serve --help`
-    would show it). Before it did, the engine always ran in a thread: thread mode then passes no
-    flag, and process mode cannot run."""
-    from ..cli import build_parser
-    _, unknown = build_parser().parse_known_args(["serve", "model", "--engine-core-process"])
-    return not unknown
-
-
-def mode_flags(mode: str) -> list[str]:
-    if serve_has_engine_core_flag():
-        return [MODES[mode]]
-    if mode == "thread":
-        return []
-    raise SystemExit("this minivllm serve has no --engine-core-process: only --modes thread can run")
 
 
 def raise_open_file_limit() -> None:
@@ -201,7 +182,7 @@ def run_mode(args, folder: Path, mode: str, prompts: list[list[int]]) -> list[di
     """One server in this mode, every endpoint against it in turn."""
     from ..server.launcher import running_server
 
-    flags = [str(folder), *serve_flags(engine_args(args)), *mode_flags(mode), "--log-level", "warning"]
+    flags = [str(folder), *serve_flags(engine_args(args)), MODES[mode], "--log-level", "warning"]
     rows = []
     with running_server(flags, env={"OMP_NUM_THREADS": str(args.threads)}) as base_url:
         for endpoint in args.endpoints:
@@ -244,8 +225,6 @@ def plot(result: dict, path: str) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     raise_open_file_limit()
-    for mode in args.modes:  # fail before the offline run, not after it
-        mode_flags(mode)
     prompts = make_prompts(args.streams, args.min_prompt, args.max_prompt, MODEL_CONFIG["vocab_size"], args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_word_model(Path(tmp) / "tiny-llama-words", MODEL_CONFIG)

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -34,6 +36,7 @@ from .core import EngineCore, make_engine
 from .core_messages import (AbortRequests, CoreOutput, EngineCoreFailed, EngineCoreOutputs, EngineCoreReady,
                             EngineCoreRequest, Shutdown)
 
+logger = logging.getLogger("minivllm.engine.core")
 POLL_MS = 100          # how often the receiving thread looks whether the core process is still alive
 SHUTDOWN_TIMEOUT_S = 10
 
@@ -56,8 +59,8 @@ class InprocClient:
         try:
             self.core.run_busy_loop()
         except BaseException as e:  # a bug, or the GPU gone: the frontend tells every stream
+            logger.error("engine core failed:\n%s", traceback.format_exc())
             self._on_dead(f"the engine core stopped: {type(e).__name__}: {e}")
-            raise
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._inputs.put(request)
