@@ -68,6 +68,7 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from .engine.async_llm import AsyncLLM
+    from .engine.core import freeze_startup_objects
     from .server.api_server import build_app
 
     engine_args = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if f.name != "model"}
@@ -76,6 +77,7 @@ def serve(args: argparse.Namespace) -> None:
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"minivllm serve: {e}") from None
     app = build_app(engine, args.served_model_name or args.model)
+    freeze_startup_objects()  # the frontend's streams must not stall on a full collection either
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=3))
 

@@ -26,7 +26,9 @@ The client runs in this process, the server is a subprocess: the same for both m
 small machine the client's own CPU time is in every served number. The engine gets ``--threads``
 torch threads (default 1) offline and served (OMP_NUM_THREADS): its tensors are tiny, and on a
 2-core machine a second torch thread only fights the frontend and the client for the cores.
-Prefix caching is off, as every run sends the same prompts. Results go to
+Prefix caching is off, as every run sends the same prompts. Every server is started once; then
+``--repeats`` rounds each run offline and every served case, one after the other, and each row of the
+table is its median round (on a shared machine one run can be twice as fast as the next). Results go to
 bench-results/serve_overhead.json unless ``--out`` says otherwise; ``--plot`` draws them.
 """
 from __future__ import annotations
@@ -56,7 +58,7 @@ MODEL_CONFIG = {
 }
 MAX_MODEL_LEN = 512
 BLOCK_SIZE = 16
-SMOKE = {"streams": 8, "output_len": 8, "min_prompt": 8, "max_prompt": 16}
+SMOKE = {"streams": 8, "output_len": 8, "min_prompt": 8, "max_prompt": 16, "repeats": 1}
 MODES = {"process": "--engine-core-process", "thread": "--no-engine-core-process"}
 SYSTEM_LEN = 4  # chat: the first ids of each prompt are the system message, the rest the user's
 COLUMNS = ["run", "output_tokens", "output_tok_s", "vs_offline", "itl_p50_ms", "itl_p99_ms", "tokens_per_chunk",
@@ -74,6 +76,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads of the engine, offline and in the server (OMP_NUM_THREADS)")
     p.add_argument("--warmup", type=int, default=4, help="requests sent before each timed served run")
+    p.add_argument("--repeats", type=int, default=5, help="rounds of every run; each row is the median round")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may wait for its next bytes")
     p.add_argument("--out", default="bench-results/serve_overhead.json")
@@ -120,24 +123,28 @@ def serve_flags(engine: dict) -> list[str]:
     return flags
 
 
-def run_offline(args, folder: Path, prompts: list[list[int]]) -> dict:
+def offline_runner(args, folder: Path):
+    """An LLM on the same engine as the servers; returns a function that times one offline run."""
     import torch
 
     from .. import LLM, SamplingParams
+    from ..engine.core import freeze_startup_objects
 
     torch.set_num_threads(args.threads)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     llm = LLM(str(folder), **engine_args(args))
-    warm = make_prompts(args.warmup, args.min_prompt, args.max_prompt, MODEL_CONFIG["vocab_size"], args.seed - 1)
-    llm.generate(warm, params, use_tqdm=False)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    wall = time.perf_counter() - start
-    llm.shutdown()
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    assert all(o.outputs[0].text for o in outputs), "offline: no text, so no detokenizing was measured"
-    return {"run": "offline", "mode": None, "endpoint": None, "output_tokens": tokens, "wall_s": wall,
-            "output_tok_s": tokens / wall, "failed": 0}
+    freeze_startup_objects()  # as the engine core and the server do: the baseline gets the same GC treatment
+    llm.generate(make_prompts(args.warmup, args.min_prompt, args.max_prompt, MODEL_CONFIG["vocab_size"],
+                              args.seed - 1), params, use_tqdm=False)
+
+    def run(prompts: list[list[int]]) -> dict:
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+        assert all(o.outputs[0].text for o in outputs), "offline: no text, so no detokenizing was measured"
+        return {"output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall, "failed": 0}
+    return run
 
 
 def payload(endpoint: str, model: str, ids: list[int], output_len: int) -> dict:
@@ -178,17 +185,34 @@ async def run_served(args, base_url: str, model: str, endpoint: str, prompts: li
             **_stats("ttft", [r.ttft_s for r in ok]), "errors": errors[:5]}
 
 
-def run_mode(args, folder: Path, mode: str, prompts: list[list[int]]) -> list[dict]:
-    """One server in this mode, every endpoint against it in turn."""
+def median_run(runs: list[dict]) -> dict:
+    """The run of median throughput (its latencies with it), and every run's throughput."""
+    ranked = sorted(runs, key=lambda r: r["output_tok_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "output_tok_s_runs": [r["output_tok_s"] for r in runs]}
+
+
+def measure(args, folder: Path, prompts: list[list[int]]) -> list[dict]:
+    """Offline and every served run, `--repeats` rounds, interleaved: a machine that slows down for a
+    while (a shared VM, a CPU that warms up) slows every row alike, and each row is its median."""
     from ..server.launcher import running_server
 
-    flags = [str(folder), *serve_flags(engine_args(args)), MODES[mode], "--log-level", "warning"]
-    rows = []
-    with running_server(flags, env={"OMP_NUM_THREADS": str(args.threads)}) as base_url:
-        for endpoint in args.endpoints:
-            row = asyncio.run(run_served(args, base_url, str(folder), endpoint, prompts))
-            rows.append({"run": f"{mode} {endpoint}", "mode": mode, "endpoint": endpoint, **row})
-            print(f"{rows[-1]['run']}: {row['output_tok_s']:,.0f} tok/s, {row['failed']} failed", flush=True)
+    with contextlib.ExitStack() as stack:
+        offline = offline_runner(args, folder)
+        urls = {mode: stack.enter_context(running_server(
+                    [str(folder), *serve_flags(engine_args(args)), MODES[mode], "--log-level", "warning"],
+                    env={"OMP_NUM_THREADS": str(args.threads)}))
+                for mode in args.modes}   # every server up for the whole run; an idle one costs nothing
+        served = [(mode, endpoint) for mode in args.modes for endpoint in args.endpoints]
+        runs: dict = {"offline": [], **{f"{m} {e}": [] for m, e in served}}
+        for round_ in range(args.repeats):
+            runs["offline"].append(offline(prompts))
+            for mode, endpoint in served:
+                runs[f"{mode} {endpoint}"].append(asyncio.run(run_served(args, urls[mode], str(folder), endpoint,
+                                                                         prompts)))
+            print(f"round {round_ + 1}/{args.repeats}: " + ", ".join(
+                f"{name} {r[-1]['output_tok_s']:,.0f}" for name, r in runs.items()) + " tok/s", flush=True)
+    rows = [{"run": "offline", "mode": None, "endpoint": None, **median_run(runs["offline"])}]
+    rows += [{"run": f"{m} {e}", "mode": m, "endpoint": e, **median_run(runs[f"{m} {e}"])} for m, e in served]
     return rows
 
 
@@ -227,11 +251,7 @@ def main(argv=None) -> dict:
     raise_open_file_limit()
     prompts = make_prompts(args.streams, args.min_prompt, args.max_prompt, MODEL_CONFIG["vocab_size"], args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        folder = write_word_model(Path(tmp) / "tiny-llama-words", MODEL_CONFIG)
-        rows = [run_offline(args, folder, prompts)]
-        print(f"offline: {rows[0]['output_tok_s']:,.0f} tok/s", flush=True)
-        for mode in args.modes:
-            rows += run_mode(args, folder, mode, prompts)
+        rows = measure(args, write_word_model(Path(tmp) / "tiny-llama-words", MODEL_CONFIG), prompts)
     for row in rows:
         row["vs_offline"] = row["output_tok_s"] / rows[0]["output_tok_s"]
     print(format_table(rows, COLUMNS))
@@ -239,7 +259,8 @@ def main(argv=None) -> dict:
         for error in row.get("errors", []):
             print(f"  {row['run']} failed: {error}")
     sizes = dict(streams=args.streams, output_len=args.output_len, min_prompt=args.min_prompt,
-                 max_prompt=args.max_prompt, seed=args.seed, torch_threads=args.threads, cpu_count=os.cpu_count())
+                 max_prompt=args.max_prompt, seed=args.seed, torch_threads=args.threads, cpu_count=os.cpu_count(),
+                 repeats=args.repeats)
     result = {"hardware": hardware_name(), "model": MODEL_CONFIG, "engine_args": engine_args(args), "sizes": sizes,
               "command": [sys.executable, "-m", "minivllm.bench.serve_overhead", *(sys.argv[1:] if argv is None
                                                                                     else argv)],
