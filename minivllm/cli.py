@@ -64,6 +64,15 @@ def _raise_stop(signum, frame):
     raise _StopSignal(signal.Signals(signum).name)
 
 
+def _fast_event_loop():
+    """uvloop's event loop (libuv, in C) when installed, as `uvicorn.run` would pick; else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -96,7 +105,8 @@ def serve(args: argparse.Namespace) -> None:
 
     before = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        asyncio.run(run())
+        with asyncio.Runner(loop_factory=_fast_event_loop()) as runner:
+            runner.run(run())
     except _StopSignal:
         pass
     finally:
