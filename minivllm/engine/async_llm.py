@@ -13,8 +13,8 @@ Two halves, as in vLLM's V1 engine:
   (`InputProcessor`), turns the core's token ids into text and streams (`OutputProcessor`), and
   asks the core to abort a request whose client left or whose stop string appeared.
 
-They meet through `MPClient`: ZMQ sockets and one receiving thread, which hands each step's message
-to the event loop with one `call_soon_threadsafe` (not one per request). With
+They meet through `MPClient`: ZMQ sockets and one receiving thread, which hands the steps' messages
+that have arrived to the event loop with one `call_soon_threadsafe` (not one per request). With
 `engine_core_process=False` the same core loop runs in a thread of this process instead
 (`InprocClient`, the ablation): then the engine's Python and the server's Python share one GIL.
 
@@ -139,15 +139,16 @@ class AsyncLLM:
         self.engine_core.shutdown()
 
     # ---- the core client's thread ------------------------------------------------------
-    def _on_core_outputs(self, message: EngineCoreOutputs) -> None:
-        self._stats = message.stats
-        if not message.outputs and not message.rejected:  # the stats alone, sent during a long step
+    def _on_core_outputs(self, messages: list[EngineCoreOutputs]) -> None:
+        self._stats = messages[-1].stats
+        messages = [m for m in messages if m.outputs or m.rejected]  # not the stats alone, sent during a long step
+        if not messages:
             return
         for loop in list(self._loops):
-            self._on_loop(loop, self._process_outputs, message, loop)
+            self._on_loop(loop, self._process_outputs, messages, loop)
 
-    def _process_outputs(self, message: EngineCoreOutputs, loop) -> None:
-        to_abort = self.output_processor.process(message, loop)
+    def _process_outputs(self, messages: list[EngineCoreOutputs], loop) -> None:
+        to_abort = [request_id for m in messages for request_id in self.output_processor.process(m, loop)]
         if to_abort:  # stop strings: the core stops generating what nobody will read
             self.engine_core.abort_requests(to_abort)
 

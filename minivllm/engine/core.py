@@ -1,6 +1,6 @@
 """EngineCore: the scheduler and the model runner in a busy loop, fed by messages, in a process of its own.
 
-    python -m minivllm.engine.core INPUT_ADDRESS OUTPUT_ADDRESS CONFIG_JSON    (started by AsyncLLM)
+    main([INPUT_ADDRESS, OUTPUT_ADDRESS, CONFIG_JSON])     (started by AsyncLLM, in a child process)
 
 Why a process. A server's frontend (HTTP, JSON, tokenizing, detokenizing, one event per token per
 client) is Python, and so is the engine's step loop around the GPU. In one process they take turns
@@ -161,16 +161,25 @@ def _receive(socket, inputs: queue.SimpleQueue) -> None:
     decoder = msgspec.msgpack.Decoder(CoreInput)
     while True:
         try:
-            frame = socket.recv()
+            frames = [socket.recv()]
+            # Then everything already queued, without blocking. A thread that comes back from a blocking
+            # call waits for the GIL (up to the interpreter's 5 ms switch interval while the busy loop runs
+            # Python): one wait per message would let 1000 requests sent at once trickle in over seconds.
+            while True:
+                try:
+                    frames.append(socket.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
         except zmq.ContextTerminated:  # the process is ending
             socket.close()
             return
-        try:
-            message = decoder.decode(frame)
-        except msgspec.DecodeError as e:  # ValidationError is a DecodeError too
-            logger.warning("engine core: dropped a malformed message (%d bytes): %s", len(frame), e)
-            continue
-        inputs.put(message)
+        for frame in frames:
+            try:
+                message = decoder.decode(frame)
+            except msgspec.DecodeError as e:  # ValidationError is a DecodeError too
+                logger.warning("engine core: dropped a malformed message (%d bytes): %s", len(frame), e)
+                continue
+            inputs.put(message)
 
 
 def _send(socket, outbox: queue.SimpleQueue) -> None:
@@ -184,7 +193,8 @@ def _send(socket, outbox: queue.SimpleQueue) -> None:
 def _exit_when_frontend_is_gone() -> None:
     """The frontend holds our stdin: end of file means it has exited (even SIGKILLed). Leave too;
     tensor-parallel workers watch this process the same way."""
-    sys.stdin.buffer.read()
+    while os.read(sys.stdin.fileno(), 4096):  # the raw fd: a buffered reader's lock would trouble the exit
+        pass
     os._exit(1)
 
 
@@ -231,6 +241,3 @@ def main(argv: list[str]) -> None:
     threading.Thread(target=_exit_when_frontend_is_gone, name="minivllm-core-parent", daemon=True).start()
     sys.exit(run_engine_core(input_address, output_address, EngineConfig(**json.loads(config_json))))
 
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

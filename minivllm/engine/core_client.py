@@ -1,11 +1,12 @@
 """The frontend's handle on the engine core: in a process of its own (MPClient) or in a thread (InprocClient).
 
 Both start an `EngineCore` and then take the same three calls, `add_request`, `abort_requests`,
-`shutdown`; what the core reports reaches two callbacks, `on_outputs(EngineCoreOutputs)` (called in
-a thread of the client's, once per step) and `on_dead(reason)` (once, if the core stops on its own).
+`shutdown`; what the core reports reaches two callbacks, `on_outputs(list[EngineCoreOutputs])` (called in
+a thread of the client's, with every message that has arrived: one per step, or several when the
+frontend is behind) and `on_dead(reason)` (once, if the core stops on its own).
 
-MPClient, the default, is vLLM's V1 design: the core in a child process (`python -m
-minivllm.engine.core`, so a user's script needs no `__main__` guard), two ZMQ PUSH/PULL sockets
+MPClient, the default, is vLLM's V1 design: the core in a child process (a fresh interpreter that
+runs `minivllm.engine.core.main`, so a user's script needs no `__main__` guard), two ZMQ PUSH/PULL sockets
 over IPC with msgpack frames, and one receiving thread here. The core's stdin is a pipe from this
 process: if this process dies, even by SIGKILL, the core reads end-of-file and exits. The core
 dying is noticed within a poll interval: it sends `EngineCoreFailed` if it can, and its exit is
@@ -37,6 +38,9 @@ from .core_messages import (AbortRequests, CoreOutput, EngineCoreFailed, EngineC
                             EngineCoreRequest, Shutdown)
 
 logger = logging.getLogger("minivllm.engine.core")
+# A fresh interpreter (no fork of a process that may hold CUDA or threads); `-c`, not `-m`, since
+# `python -m minivllm.engine.core` would import the module twice (the package imports it too).
+CORE_PROCESS_MAIN = "import sys; from minivllm.engine.core import main; main(sys.argv[1:])"
 POLL_MS = 100          # how often the receiving thread looks whether the core process is still alive
 SHUTDOWN_TIMEOUT_S = 10
 
@@ -49,7 +53,7 @@ class InprocClient:
     def __init__(self, config: EngineConfig, on_outputs: Callable, on_dead: Callable):
         self.engine = make_engine(config)
         self._inputs: queue.SimpleQueue = queue.SimpleQueue()
-        self.core = EngineCore(self.engine, self._inputs, on_outputs)
+        self.core = EngineCore(self.engine, self._inputs, lambda message: on_outputs([message]))
         self.ready = self.core.ready_message()
         self._on_dead = on_dead
         self._thread = threading.Thread(target=self._run, name="minivllm-engine-core", daemon=True)
@@ -95,7 +99,7 @@ class MPClient:
         fields = {k: (str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v)
                   for k, v in dataclasses.asdict(config).items()}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "minivllm.engine.core", input_address, output_address, json.dumps(fields)],
+            [sys.executable, "-c", CORE_PROCESS_MAIN, input_address, output_address, json.dumps(fields)],
             stdin=subprocess.PIPE, start_new_session=True)  # Ctrl-C reaches the frontend, which stops the core
         try:
             self.ready = self._wait_ready()
@@ -128,11 +132,23 @@ class MPClient:
                         self._on_dead(f"the engine core process exited with code {self.process.returncode}")
                         return
                     continue
-                message = self._decoder.decode(self._pull.recv())
-                if isinstance(message, EngineCoreOutputs):
-                    self._on_outputs(message)
-                elif isinstance(message, EngineCoreFailed) and not self._closing:
-                    self._on_dead(f"the engine core failed: {message.message}")
+                # Every message that has arrived, in one go: this thread waits for the GIL each time it
+                # comes back from the socket (the event loop holds it, writing events), and one wait per
+                # step would let the frontend fall behind the core for good. A batch of steps then
+                # reaches each stream at once, and a stream sends them as one event.
+                frames = [self._pull.recv()]
+                while True:
+                    try:
+                        frames.append(self._pull.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                messages = [self._decoder.decode(frame) for frame in frames]
+                outputs = [m for m in messages if isinstance(m, EngineCoreOutputs)]
+                if outputs:
+                    self._on_outputs(outputs)
+                failed = next((m for m in messages if isinstance(m, EngineCoreFailed)), None)
+                if failed is not None and not self._closing:
+                    self._on_dead(f"the engine core failed: {failed.message}")
                     return
         except zmq.ZMQError:
             if not self._closing:
