@@ -65,7 +65,8 @@ def hf_generate_sequential(hf_model, prompts, max_tokens: int, use_tqdm: bool = 
     outs = []
     for p in progress(prompts, desc="HF one at a time", enabled=use_tqdm):
         ids = torch.tensor([p], device=device)
-        outs.append(hf_model.generate(ids, attention_mask=torch.ones_like(ids), **_exactly(max_tokens))[0, len(p):].tolist())
+        out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), **_exactly(max_tokens))
+        outs.append(out[0, len(p):].tolist())
     return outs
 
 

@@ -14,6 +14,7 @@ a `rope_parameters` dict: both are understood.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from dataclasses import dataclass, field, fields
@@ -153,7 +154,8 @@ class EngineConfig:
     def __post_init__(self):
         # Every knob is reachable from the server's command line: each gets a clear message here,
         # at the door, rather than a failure (or a silent replacement) deep inside the engine.
-        for name in ("block_size", "max_num_seqs", "tensor_parallel_size", "num_kv_blocks", "max_num_batched_tokens", "max_model_len"):
+        for name in ("block_size", "max_num_seqs", "tensor_parallel_size", "num_kv_blocks", "max_num_batched_tokens",
+                     "max_model_len"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -164,8 +166,11 @@ class EngineConfig:
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
-        if self.attention_backend == "auto":  # the fused kernels where they run natively
-            self.attention_backend = "triton" if torch.device(self.device).type == "cuda" else "torch"
+        has_triton = importlib.util.find_spec("triton") is not None  # an extra: a Mac has no wheels for it
+        if self.attention_backend == "auto":  # the fused kernels where they run natively (and are installed)
+            self.attention_backend = "triton" if torch.device(self.device).type == "cuda" and has_triton else "torch"
+        if self.attention_backend == "triton" and not has_triton:
+            raise ValueError("attention_backend='triton' needs the triton package: pip install 'minivllm[triton]'")
         if (self.attention_backend == "triton" and torch.device(self.device).type != "cuda"
                 and os.environ.get("TRITON_INTERPRET") != "1"):
             raise ValueError("attention_backend='triton' on a CPU needs Triton's interpreter: set "

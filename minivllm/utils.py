@@ -27,8 +27,8 @@ def default_model() -> str:
 
 
 def figures_dir():
-    """Where notebooks save plots: MINIVLLM_FIGURES if set, the repo's figures/ folder, or a scratch folder in smoke mode
-    so that a CI run never overwrites the figures of a real GPU run."""
+    """Where notebooks save plots: MINIVLLM_FIGURES if set, the repo's figures/ folder, or a scratch folder in
+    smoke mode so that a CI run never overwrites the figures of a real GPU run."""
     import tempfile
     from pathlib import Path
     if os.environ.get("MINIVLLM_FIGURES"):  # a check run (the T4 profile) that must not replace the real figures

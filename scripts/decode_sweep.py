@@ -59,7 +59,7 @@ def sweep_decode_kernel(results: dict, bandwidth: float) -> None:
                 row["error"] = result = f"{type(e).__name__}: {e}"[:200]
             rows.append(row)
             print(f"batch {batch} x {context}, tile {tile}, {warps} warps, {stages} stages: {result}")
-        del k_cache, v_cache
+        k_cache = v_cache = None  # the next shape's cache takes their memory
         torch.cuda.empty_cache()
     results["decode_kernel_sweep"] = rows
 

@@ -60,8 +60,8 @@ def main():
     print(f"{work.name}{' (static batching)' if args.static else ''}: {len(batches)} steps "
           f"({sum(decode for _, decode in batches)} decode-only); batch of {sizes[0]} at the first step, "
           f"{max(sizes)} at most, {sum(sizes) / len(sizes):.1f} on average")
-    print(f"CPU time without the model: {sum(step_ms) / 1e3:.2f} s in all, {sorted(full)[len(full) // 2]:.2f} ms per step "
-          f"(median) at the largest batch, {max(sizes)}")
+    print(f"CPU time without the model: {sum(step_ms) / 1e3:.2f} s in all, "
+          f"{sorted(full)[len(full) // 2]:.2f} ms per step (median) at the largest batch, {max(sizes)}")
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,6 @@
 Usage on the GPU machine: python scripts/serve_overhead.py --out gpu-out/serve_overhead.json
 """
 import argparse
-import json
 import tempfile
 import time
 

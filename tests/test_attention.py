@@ -37,7 +37,8 @@ def test_paged_attention_matches_per_sequence_attention(block_size, window, head
     q_lens = [n for n, _ in shapes]
     q = torch.randn(sum(q_lens), heads, D, generator=g)
     meta = AttentionMetadata(
-        cu_seqlens_q=torch.tensor([0] + q_lens).cumsum(0).int(), context_lens=torch.tensor([c for _, c in shapes]).int(),
+        cu_seqlens_q=torch.tensor([0] + q_lens).cumsum(0).int(),
+        context_lens=torch.tensor([c for _, c in shapes]).int(),
         slot_mapping=torch.zeros(sum(q_lens), dtype=torch.long),
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]).int(), block_size=block_size,
         max_query_len=max(q_lens), max_context_len=max(c for _, c in shapes),

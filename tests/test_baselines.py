@@ -2,8 +2,13 @@
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.baselines import (hf_generate_continuous, hf_generate_sequential, hf_generate_static_batch, hf_model_for,
-                                recompute_generate)
+from minivllm.baselines import (
+    hf_generate_continuous,
+    hf_generate_sequential,
+    hf_generate_static_batch,
+    hf_model_for,
+    recompute_generate,
+)
 from minivllm.models.loader import resolve_model
 
 

@@ -155,11 +155,11 @@ def test_measurements_run_on_cpu():
 def test_kernel_bench_runs_every_kernel_and_its_reference(tmp_path):
     import torch
 
-    from minivllm.bench.kernels import run_kernel_bench
-    from minivllm.bench.kernels import plot_kernel_bench
+    from minivllm.bench.kernels import plot_kernel_bench, run_kernel_bench
     result = run_kernel_bench(device="cpu", dtype=torch.float32, smoke=True)
     kernels = {row["kernel"] for row in result["rows"]}
-    assert len(kernels) == 6 and all(sum(r["kernel"] == k for r in result["rows"]) >= 2 for k in kernels)  # a sweep each
+    # a sweep each
+    assert len(kernels) == 6 and all(sum(r["kernel"] == k for r in result["rows"]) >= 2 for k in kernels)
     assert all(row["triton_ms"] > 0 and row["torch_ms"] > 0 for row in result["rows"])
     assert all("triton_TFLOPs" in row for row in result["rows"] if row["kernel"] == "prefill attention")
     assert Path(plot_kernel_bench(result, str(tmp_path / "kernels.png"))).stat().st_size > 0

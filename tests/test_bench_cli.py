@@ -51,7 +51,8 @@ def test_default_model_follows_the_device(monkeypatch):
     assert parse_args([]).model == "smollm2-135m"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for gib, model in ((141, "mistral-7b"), (16, "llama-3.2-1b")):  # an H200; a T4
-        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _, gib=gib: SimpleNamespace(total_memory=gib * 2**30))
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda _, gib=gib: SimpleNamespace(total_memory=gib * 2**30))
         assert parse_args([]).model == model
     assert parse_args(["--model", "my-folder"]).model == "my-folder"
 

@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 
 from minivllm.bench.serve import main
-from minivllm.bench.serve_client import (DONE, RequestResult, carries_tokens, chat_payload, chunk_completion_tokens,
-                                         completions_payload, parse_sse_line, send_request)
+from minivllm.bench.serve_client import (
+    DONE,
+    RequestResult,
+    carries_tokens,
+    chat_payload,
+    chunk_completion_tokens,
+    completions_payload,
+    parse_sse_line,
+    send_request,
+)
 from minivllm.bench.serve_plot import plot_serving
 from minivllm.bench.serve_stats import READING_SPEED_SLO, arrival_times, capacity, format_report, summarize_requests
 from minivllm.bench.workloads import w3

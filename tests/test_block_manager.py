@@ -1,5 +1,6 @@
 """The paged KV cache bookkeeping: unit cases and property-based tests (hypothesis)."""
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minivllm.cache.block_manager import NO_BLOCK, BlockManager
 from minivllm.engine.sequence import Sequence

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from server_utils import running_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -334,7 +334,8 @@ def test_sigterm_and_ctrl_c_stop_the_server_and_its_core(word_model, tmp_path, h
     proc, url = start_server(word_model, tmp_path)
     try:
         [core_pid] = core_processes(proc.pid)
-        with httpx.stream("POST", url + "/v1/completions", json=completion(word_model, True, 250), timeout=60) as response:
+        body = completion(word_model, True, 250)
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
             next(line for line in response.iter_lines() if line.startswith("data: "))
             if how == "sigterm":
                 proc.send_signal(signal.SIGTERM)

@@ -7,10 +7,9 @@ Triton kernels in place of the torch reference attention; each with the CPU and 
 import itertools
 
 import pytest
-import torch
+from test_engine import hf_greedy, random_prompts
 
 from minivllm import LLM, SamplingParams
-from test_engine import hf_greedy, random_prompts
 
 N = 24  # new tokens per request
 
@@ -46,7 +45,8 @@ OPTIONS = {
 
 # The Triton kernels run in Triton's slow interpreter on a CPU: with the overlap on only (the default). The
 # overlap does not touch the kernels; every torch option runs both ways.
-CASES = [(model, option, overlap) for model, option, overlap in itertools.product(["llama", "mistral"], OPTIONS, [True, False])
+CASES = [(model, option, overlap)
+         for model, option, overlap in itertools.product(["llama", "mistral"], OPTIONS, [True, False])
          if overlap or not option.startswith("triton")]
 
 

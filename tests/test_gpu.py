@@ -45,8 +45,8 @@ def test_requests_ending_while_a_step_is_in_flight_on_the_gpu(tiny_llama):
         llm = LLM(tiny_llama[0], dtype="float32", max_model_len=96, num_kv_blocks=24, max_num_seqs=8,
                   async_scheduling=overlap)
         greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
-        params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop_token_ids=[o.outputs[0].token_ids[4]])
-                  for o in greedy]
+        params = [SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
+                                 stop_token_ids=[o.outputs[0].token_ids[4]]) for o in greedy]
         results.append([o.outputs[0].token_ids for o in greedy + llm.generate(prompts, params)])
         engine = llm.llm_engine
         for i, p in enumerate(prompts):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+import minivllm.kernels.decode_attention as decode_attention
 from minivllm.attention import torch_ref
 from minivllm.attention.metadata import AttentionMetadata
-import minivllm.kernels.decode_attention as decode_attention
 from minivllm.kernels.decode_attention import choose_num_splits, paged_decode_attention
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
@@ -59,7 +59,8 @@ def check(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, wi
     (q, k, v, tables, lens), (k_ref, v_ref, meta) = make_case(
         context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, window, device)
     scale = head_dim ** -0.5
-    ref = torch_ref.paged_attention(q, k_ref, v_ref, torch_ref.TorchAttentionMetadata.build(meta, window), scale).float()
+    ref_meta = torch_ref.TorchAttentionMetadata.build(meta, window)
+    ref = torch_ref.paged_attention(q, k_ref, v_ref, ref_meta, scale).float()
     real = lens > 0
     for num_splits in splits:
         out = paged_decode_attention(q, k, v, tables, lens, scale, sliding_window=window, num_splits=num_splits)

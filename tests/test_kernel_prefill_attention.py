@@ -16,9 +16,9 @@ import math
 import pytest
 import torch
 
+import minivllm.kernels.prefill_attention as prefill_attention
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.attention.torch_ref import TorchAttentionMetadata, paged_attention
-import minivllm.kernels.prefill_attention as prefill_attention
 from minivllm.kernels.prefill_attention import paged_prefill_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

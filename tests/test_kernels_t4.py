@@ -60,7 +60,7 @@ CASES = [(model, call, kernel) for model in MODELS for call, kernels in LAUNCHES
 def test_every_kernel_is_measured():
     """A new kernel in minivllm.kernels must be added to LAUNCHES. A kernel (as opposed to a jit
     function that kernels call, like rotary's `_rotate_heads`) is one that asks its program id."""
-    from triton.runtime import KernelInterface   # a jit function, compiled or interpreted
+    from triton.runtime import KernelInterface  # a jit function, compiled or interpreted
     kernels = {name for module in KERNEL_MODULES for name, obj in vars(module).items()
                if isinstance(obj, KernelInterface) and "tl.program_id" in inspect.getsource(obj.fn)}
     assert kernels == {kernel for _, _, kernel in CASES}
@@ -117,8 +117,14 @@ def wrapper_calls(config: dict) -> dict:
     """LAUNCHES' wrapper calls, on CPU tensors with the model's widths (a couple of tokens: the
     number of tokens sets the grid, not what one program does), in fp16. q, k and v are views
     into one packed qkv projection, as the model passes them."""
-    from minivllm.kernels import (apply_rotary_, paged_decode_attention, paged_prefill_attention, rms_norm,
-                                  silu_and_mul, store_kv)
+    from minivllm.kernels import (
+        apply_rotary_,
+        paged_decode_attention,
+        paged_prefill_attention,
+        rms_norm,
+        silu_and_mul,
+        store_kv,
+    )
     fp16, i32, i64 = torch.float16, torch.int32, torch.int64
     hidden, ffn = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads, dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
@@ -168,6 +174,7 @@ def recording():
     interpreter's settings. The device's capability then comes from MINIVLLM_KERNEL_CAPABILITY, so
     nothing asks torch.cuda."""
     from triton.runtime import JITFunction
+
     from minivllm.kernels import decode_attention, prefill_attention
     cuda = torch.device("cuda")
     launches = []

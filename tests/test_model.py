@@ -54,7 +54,8 @@ def test_rmsnorm_and_fused_residual_match_transformers():
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
     x, res = torch.randn(5, 32), torch.randn(5, 32)
     ours, ref = RMSNorm(32, 1e-5), LlamaRMSNorm(32, 1e-5)
-    ours.weight.data.normal_(); ref.weight.data.copy_(ours.weight)
+    ours.weight.data.normal_()
+    ref.weight.data.copy_(ours.weight)
     torch.testing.assert_close(ours(x), ref(x))
     normed, new_res = ours(x, res)
     torch.testing.assert_close(new_res, x + res)
@@ -151,7 +152,9 @@ def test_hub_id_downloads_with_huggingface_hub(tiny_llama, monkeypatch):
 def test_a_checkpoint_missing_one_part_of_a_packed_weight_is_refused(tiny_llama, tmp_path):
     """q_proj alone does not make qkv_proj: the missing k_proj is named, not left random."""
     import shutil
+
     from safetensors.torch import load_file, save_file
+
     from minivllm.models.loader import build_model, resolve_model
     folder = tmp_path / "no_k"
     shutil.copytree(tiny_llama[0], folder)

@@ -6,7 +6,8 @@ import re
 import struct
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minivllm import SamplingParams
 from minivllm.server.protocol import APIError, ParsedRequest, parse_request
@@ -114,7 +115,8 @@ def test_include_usage_must_be_a_bool():
     ("tool_choice", "auto"), ("tool_choice", {"type": "function"}), ("response_format", {"type": "json_object"}),
     ("messages", []), ("messages", "Hi"), ("messages", {"role": "user"}), ("messages", [{"content": "no role"}]),
     ("messages", [{"role": "robot", "content": "x"}]), ("messages", [{"role": "user"}]),
-    ("messages", [{"role": "user", "content": 5}]), ("messages", [{"role": "user", "content": [{"type": "image_url"}]}]),
+    ("messages", [{"role": "user", "content": 5}]),
+    ("messages", [{"role": "user", "content": [{"type": "image_url"}]}]),
     ("messages", [{"role": "user", "content": [{"type": "text", "text": 5}]}]), ("messages", ["Hi"]),
     ("messages", [{"role": ["user"], "content": "x"}]),
 ])

@@ -8,14 +8,15 @@ finish, are aborted and are preempted while the next step is already in flight.
 """
 from types import SimpleNamespace
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_block_manager import check_invariants
 
 from minivllm.cache.block_manager import NO_BLOCK, BlockManager, cdiv
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import Sequence, SequenceStatus
 from minivllm.sampling_params import SamplingParams
-from test_block_manager import check_invariants
 
 STOP = 3
 
@@ -178,7 +179,8 @@ def test_preemption_frees_the_newest_and_requeues_it_first():
     bm = BlockManager(4, 2)
     sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
     engine = fake_engine(sched, async_scheduling=False)
-    a, b = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=9)), Sequence("b", [4, 5, 6], SamplingParams(max_tokens=9))
+    a = Sequence("a", [1, 2, 3], SamplingParams(max_tokens=9))
+    b = Sequence("b", [4, 5, 6], SamplingParams(max_tokens=9))
     sched.add(a), sched.add(b)
     engine.step()                                     # both prefilled: 2 blocks each, pool full
     assert bm.num_free_blocks == 0

@@ -7,9 +7,9 @@ import time
 import httpx
 import openai
 import pytest
+from server_utils import running_server
 
 from minivllm import LLM, SamplingParams
-from server_utils import running_server
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m"

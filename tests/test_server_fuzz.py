@@ -22,7 +22,8 @@ json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3)
                            | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
 parts = st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": json_values}),
                  max_size=2)
-messages = st.just([{"role": "user", "content": "w1 w2"}]) | st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", 5]),
+roles = st.sampled_from(["user", "system", "assistant", "tool", 5])
+messages = st.just([{"role": "user", "content": "w1 w2"}]) | st.lists(st.fixed_dictionaries({"role": roles,
                                            "content": st.sampled_from(["w1 w2", ""]) | parts | json_values}),
                     max_size=3) | json_values
 FIELDS = ["model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",

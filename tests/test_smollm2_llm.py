@@ -17,6 +17,7 @@ def test_real_text(llm):
 
 def test_matches_transformers_greedy(llm):
     from transformers import AutoModelForCausalLM
+
     from minivllm.models.loader import resolve_model
     hf = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m").folder, dtype=torch.float32)
     prompts = ["Once upon a time", "def fibonacci(n):"]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_engine import random_prompts
 
 from minivllm import LLM, SamplingParams
 from minivllm.distributed import parallel_state
 from minivllm.models.loader import build_model, resolve_model
-from test_engine import random_prompts
 
 N = 16  # new tokens per request
 DEADLINE_S = 300

@@ -25,7 +25,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .metadata import AttentionMetadata, NoCacheMetadata
 
-
 SDP_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 

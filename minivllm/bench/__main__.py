@@ -110,7 +110,8 @@ def measure(rows: list[dict], engine: str, workload: str, run) -> None:
     whole GPU run."""
     try:
         row = run()
-        print(f"{row['engine']}, {row['workload']}: {row['output_tok_s']:,.0f} tok/s in {row['wall_s']:.1f} s", flush=True)
+        print(f"{row['engine']}, {row['workload']}: {row['output_tok_s']:,.0f} tok/s in {row['wall_s']:.1f} s",
+              flush=True)
         rows.append(row)
     except Exception as error:  # noqa: BLE001 - reported in the table and the JSON, not hidden
         traceback.print_exc()

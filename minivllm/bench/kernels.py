@@ -188,7 +188,8 @@ def run_kernel_bench(device=None, dtype=torch.bfloat16, shape: Shape | None = No
     on_gpu = device.type == "cuda"
     ceilings = {}
     if on_gpu:
-        ceilings = {"bandwidth_Bps": measure_bandwidth_Bps(device), "matmul_flops": measure_matmul_flops(device, dtype=dtype)}
+        ceilings = {"bandwidth_Bps": measure_bandwidth_Bps(device),
+                    "matmul_flops": measure_matmul_flops(device, dtype=dtype)}
     rows = []
     with torch.inference_mode():
         for case in kernel_cases(device, dtype, shape, smoke):
@@ -233,7 +234,8 @@ def plot_kernel_bench(result: dict, path: str, title: str | None = None) -> str:
         if ceil:
             limit = ceil["matmul_flops"] / 1e12 if flops else ceil["bandwidth_Bps"] / 1e9
             ax.axhline(limit, color="black", ls="--", lw=1,
-                       label=f"measured matmul {limit:,.0f} TFLOP/s" if flops else f"measured bandwidth {limit:,.0f} GB/s")
+                       label=(f"measured matmul {limit:,.0f} TFLOP/s" if flops
+                              else f"measured bandwidth {limit:,.0f} GB/s"))
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, None)
         ax.set(title=kernel, ylabel=unit if ceil else f"{unit} (interpreter: not a speed)",

@@ -19,7 +19,6 @@ from ..engine.model_runner import SampledTokens
 from ..sampling_params import SamplingParams
 from .metrics import median
 
-
 HOST_LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                      "cudaGraphLaunch"}
 

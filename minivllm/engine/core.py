@@ -40,8 +40,17 @@ from collections.abc import Callable
 from ..config import EngineConfig
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-from .core_messages import (AbortRequests, CoreInput, EngineCoreFailed, EngineCoreOutput, EngineCoreOutputs,
-                            EngineCoreReady, EngineCoreRequest, RejectedRequest, Shutdown)
+from .core_messages import (
+    AbortRequests,
+    CoreInput,
+    EngineCoreFailed,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    RejectedRequest,
+    Shutdown,
+)
 from .llm_engine import LLMEngine
 
 logger = logging.getLogger("minivllm.engine.core")
@@ -150,7 +159,8 @@ class EngineCore:
         sent = self._num_sent.pop(out.request_id, 0)
         if not out.finished:
             self._num_sent[out.request_id] = len(token_ids)
-        return EngineCoreOutput(out.request_id, token_ids[sent:], out.outputs[0].finish_reason if out.finished else None)
+        reason = out.outputs[0].finish_reason if out.finished else None
+        return EngineCoreOutput(out.request_id, token_ids[sent:], reason)
 
 
 # ---- the core's process ----------------------------------------------------------------

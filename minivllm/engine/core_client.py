@@ -34,8 +34,15 @@ import torch
 
 from ..config import EngineConfig
 from .core import EngineCore, make_engine
-from .core_messages import (AbortRequests, CoreOutput, EngineCoreFailed, EngineCoreOutputs, EngineCoreReady,
-                            EngineCoreRequest, Shutdown)
+from .core_messages import (
+    AbortRequests,
+    CoreOutput,
+    EngineCoreFailed,
+    EngineCoreOutputs,
+    EngineCoreReady,
+    EngineCoreRequest,
+    Shutdown,
+)
 
 logger = logging.getLogger("minivllm.engine.core")
 # A fresh interpreter (no fork of a process that may hold CUDA or threads); `-c`, not `-m`, since

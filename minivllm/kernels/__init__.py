@@ -6,12 +6,12 @@ writes, attention). Without a GPU they run in Triton's interpreter (TRITON_INTER
 Launch settings (tiles, warps, stages) follow the GPU's compute capability, which
 MINIVLLM_KERNEL_CAPABILITY=7.5 overrides to launch them as on a T4 (see target.py).
 """
-from .rmsnorm import rms_norm
-from .silu_and_mul import silu_and_mul
-from .rotary import apply_rotary_
-from .store_kv import store_kv
 from .decode_attention import paged_decode_attention
 from .prefill_attention import paged_prefill_attention
+from .rmsnorm import rms_norm
+from .rotary import apply_rotary_
+from .silu_and_mul import silu_and_mul
+from .store_kv import store_kv
 
 __all__ = ["rms_norm", "silu_and_mul", "apply_rotary_", "store_kv", "paged_decode_attention",
            "paged_prefill_attention"]

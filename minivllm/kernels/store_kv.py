@@ -43,7 +43,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     T, Hkv, D = k.shape
     assert v.shape == k.shape and slot_mapping.shape == (T,), "k, v and slot_mapping disagree"
     assert k.stride(2) == 1 and v.stride(2) == 1, "the head dimension of k and v must be contiguous"
-    assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (Hkv, D), "caches must be [blocks, block_size, Hkv, D]"
+    assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (Hkv, D), \
+        "caches must be [blocks, block_size, Hkv, D]"
     assert k_cache.is_contiguous() and v_cache.is_contiguous(), "the kernel indexes the caches by flat slot"
     BLOCK_H, BLOCK_D = triton.next_power_of_2(Hkv), triton.next_power_of_2(D)
     num_warps = min(max(BLOCK_H * BLOCK_D // 1024, 1), 8)

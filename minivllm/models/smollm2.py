@@ -70,8 +70,7 @@ def _gguf_dir() -> pathlib.Path:
 
 def _build(gguf_dir: pathlib.Path, out: pathlib.Path) -> None:
     import torch
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
-                              LlamaConfig, LlamaForCausalLM)
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     print(f"building SmolLM2-135M folder from GGUF, once, into {out.parent}...", file=sys.stderr)
 
