@@ -14,7 +14,7 @@ submitted all at once, one offline generate.
 Engines: hf-sequential (transformers one request at a time; slow, so only the first
 --sequential-requests requests of each workload), hf-static (one padded batch),
 hf-continuous (transformers' own continuous batching), recompute (minivllm's model without a
-KV cache), minivllm-static (contiguous cache, static batching: the foundation's engine) and
+KV cache), minivllm-static (contiguous cache, static batching: the first engine the notebooks build) and
 minivllm (everything on). hf-sequential, hf-static and recompute generate one length for every
 request, so they skip W2. `--ablation` adds, on the first workload, minivllm with each
 optimization switched off in turn. Also batch-1 decode latency and, on a GPU, a profile of one

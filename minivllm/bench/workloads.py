@@ -4,7 +4,7 @@ A benchmark is only comparable across notebooks, engines and days if the request
 the workloads live here, built from a seeded ``random.Random`` rather than from text: token ids need
 no tokenizer, work with dummy weights of any shape, and pin the prompt lengths exactly.
 
-- W1, the seed workload: 60 requests, prompt lengths uniform in [16, 256], 150 output tokens each.
+- W1, the post's experiment: 60 requests, prompt lengths uniform in [16, 256], 150 output tokens each.
 - W2, nano-vllm's offline benchmark: 256 requests, prompt and output lengths each uniform in [100, 1024],
   drawn exactly as nano-vllm draws them, so its published totals (133,966 output tokens) match.
 - W3, serving the post's 1000 customers: 1000 requests that share one 128-token system prompt, each
@@ -70,7 +70,7 @@ def w1(
     output_len: int = 150,
     seed: int = 0,
 ) -> Workload:
-    """The seed workload: prompt lengths uniform in [min_prompt, max_prompt], output_len tokens each.
+    """W1, the post's 60 queries: prompt lengths uniform in [min_prompt, max_prompt], output_len tokens each.
 
     Draw order, fixed so the workload never changes under the same arguments: one
     ``random.Random(seed)``; first all prompt lengths (``randint``, both ends included), then the token

@@ -144,8 +144,9 @@ class BlockManager:
         return seq.num_cached_blocks * self.block_size
 
     def cache_full_blocks(self, seq) -> None:
-        """After a step: name the sequence's newly completed blocks so later requests can share them.
-        A block is named once its tokens are computed and their ids known on the host (a token
+        """Name the sequence's newly completed blocks so later requests can share them: when a step is
+        scheduled (its blocks count as computed from then on) and when a sampled token completes one.
+        A block is named once its tokens count as computed and their ids are known on the host (a token
         sampled in a step still in flight is not known yet: `len(seq)` stops before it)."""
         num_full_blocks = min(seq.num_computed_tokens, len(seq)) // self.block_size
         if not self.enable_prefix_caching or num_full_blocks <= seq.num_cached_blocks:

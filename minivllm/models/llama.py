@@ -1,6 +1,6 @@
 """The Llama/Mistral transformer, written for an inference engine.
 
-Same math as Hugging Face's `LlamaForCausalLM`/`MistralForCausalLM`, with three changes
+Same math as Hugging Face's `LlamaForCausalLM`/`MistralForCausalLM`, with four changes
 that an engine needs:
 
 - the forward takes ONE flat batch of tokens `[T]` with explicit `positions [T]` and the
