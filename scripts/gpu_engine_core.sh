@@ -25,7 +25,8 @@ for mode in $MODES; do
   python3 -m minivllm serve "$FOLDER" --load-format dummy --max-model-len 4096 --served-model-name w3-model \
     --host 127.0.0.1 --port $PORT --log-level warning $flag > "$OUT/server_$mode.log" 2>&1 &
   server=$!
-  for i in $(seq 300); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break; sleep 1; done
+  for i in $(seq 300); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break
+    kill -0 $server 2>/dev/null || { echo "the server exited:"; tail -20 "$OUT/server_$mode.log"; exit 1; }; sleep 1; done
   python3 -m minivllm.bench.serve --base-url http://127.0.0.1:$PORT --endpoint chat --label "minivllm ($mode)" \
     --request-rate "$RATES" --num-prompts "$PROMPTS" --vocab-size 32000 --timeout 600 --hardware "$HW" \
     --out "$OUT/w3_served_$mode.json" 2>&1 | tee "$OUT/w3_served_$mode.log"

@@ -12,7 +12,8 @@ python3 -c "import sys; from minivllm.bench.word_model import write_word_model; 
 python3 -m minivllm serve "$FOLDER" --load-format dummy --max-model-len 4096 --served-model-name w3-model \
   --host 127.0.0.1 --port $PORT --log-level warning > "$OUT/server.log" 2>&1 &
 server=$!
-for i in $(seq 300); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break; sleep 1; done
+for i in $(seq 300); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break
+  kill -0 $server 2>/dev/null || { echo "the server exited:"; tail -20 "$OUT/server.log"; exit 1; }; sleep 1; done
 core=$(pgrep -P $server -f minivllm.engine.core | head -1)
 echo "frontend $server core $core" | tee "$OUT/pids.txt"
 sample() {  # pid name: cumulative CPU seconds (user+system) every 0.5 s
