@@ -1,8 +1,8 @@
-"""Where a served step's time goes: W3 with every request at t=0, the same engine three ways, one process.
+"""W3 offline with every request at t=0, the engine two ways: token ids only, and detokenizing (as a server must).
 
 1. offline, token ids only (no tokenizer: no text is made);
-2. offline, with the word tokenizer (the engine detokenizes every token, as a server needs);
-3. served: read from figures/13_serving_minivllm.json's "inf" row (notebook 13), for comparison.
+2. offline, with the word tokenizer (the engine detokenizes every token, as a server needs).
+scripts/gpu_engine_core.sh runs it first, then the same W3 through `minivllm serve`, for the comparison.
 Usage on the GPU machine: python scripts/serve_overhead.py --out gpu-out/serve_overhead.json
 """
 import argparse
