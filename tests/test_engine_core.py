@@ -160,6 +160,20 @@ def test_a_crash_mid_step_is_reported_and_the_core_exits_non_zero(tiny_llama, tm
     assert core.code == 1
 
 
+async def three_streams_until_the_core_dies(engine, fault, match: str, timeout_s: float) -> None:
+    """Three long streams; `fault()` is called once the first has two outputs. Every stream must end
+    with EngineDeadError matching `match`, within the timeout (nothing hangs)."""
+    async def read(i):
+        outs = []
+        with pytest.raises(EngineDeadError, match=match):
+            async for out in engine.generate([i + 1, 2], SamplingParams(max_tokens=100, ignore_eos=True), f"r{i}"):
+                outs.append(out)
+                if i == 0 and len(outs) == 2:
+                    fault()
+
+    await asyncio.wait_for(asyncio.gather(*(read(i) for i in range(3))), timeout=timeout_s)
+
+
 def test_a_crash_in_thread_mode_fails_every_stream(tiny_llama, monkeypatch):
     engine = AsyncLLM(tiny_llama[0], engine_core_process=False, **ENGINE)
     real_step = LLMEngine.step
@@ -172,20 +186,8 @@ def test_a_crash_in_thread_mode_fails_every_stream(tiny_llama, monkeypatch):
 
     monkeypatch.setattr(LLMEngine, "step", step)
 
-    async def read(i):
-        outs = []
-        with pytest.raises(EngineDeadError, match="injected failure"):
-            async for out in engine.generate([i + 1, 2], SamplingParams(max_tokens=100, ignore_eos=True), f"r{i}"):
-                outs.append(out)
-                if i == 0 and len(outs) == 2:
-                    crash.set()
-        return outs
-
-    async def main():
-        return await asyncio.wait_for(asyncio.gather(*(read(i) for i in range(3))), timeout=60)
-
     try:
-        asyncio.run(main())
+        asyncio.run(three_streams_until_the_core_dies(engine, crash.set, "injected failure", timeout_s=60))
         assert not engine.is_running and not engine.requests
         with pytest.raises(EngineDeadError):
             asyncio.run(engine.add_request("late", [1], SamplingParams()))
@@ -197,20 +199,11 @@ def test_a_crash_in_thread_mode_fails_every_stream(tiny_llama, monkeypatch):
 def test_a_killed_core_process_fails_every_stream(tiny_llama):
     engine = AsyncLLM(tiny_llama[0], **ENGINE)
 
-    async def read(i):
-        outs = []
-        with pytest.raises(EngineDeadError, match="exited"):
-            async for out in engine.generate([i + 1, 2], SamplingParams(max_tokens=100, ignore_eos=True), f"r{i}"):
-                outs.append(out)
-                if i == 0 and len(outs) == 2:
-                    os.kill(engine.engine_core.process.pid, signal.SIGKILL)
-        return outs
-
-    async def main():
-        return await asyncio.wait_for(asyncio.gather(*(read(i) for i in range(3))), timeout=30)
+    def kill():
+        os.kill(engine.engine_core.process.pid, signal.SIGKILL)
 
     try:
-        asyncio.run(main())
+        asyncio.run(three_streams_until_the_core_dies(engine, kill, "exited", timeout_s=30))
         assert not engine.is_running and not engine.requests
     finally:
         engine.shutdown()
@@ -222,12 +215,14 @@ TINY_WORDS = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "voc
               "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "torch_dtype": "float32"}
 # Loaded by every Python process that has it on PYTHONPATH, the core's included: its step fails
 # on the 6th call, as a GPU error or a bug would.
+# The step raises once the test drops a flag file beside it: after the stream's first event has been read,
+# whatever the machine's speed (a fixed step count could crash before the first event was sent).
 CRASHING_STEP = textwrap.dedent("""
+    import os
     from minivllm.engine.llm_engine import LLMEngine
-    real_step, calls = LLMEngine.step, []
+    real_step, flag = LLMEngine.step, os.path.join(os.path.dirname(__file__), "crash-now")
     def step(self):
-        calls.append(1)
-        if len(calls) == 6:
+        if os.path.exists(flag):
             raise RuntimeError("injected failure mid-step")
         return real_step(self)
     LLMEngine.step = step
@@ -309,6 +304,8 @@ def test_the_server_when_its_core_dies(word_model, tmp_path, fault):
             waiting.start()
             if fault == "sigkill":
                 os.kill(core_pid, signal.SIGKILL)
+            else:
+                (tmp_path / "crash-now").touch()
             events = [line for line in lines if line.startswith("data: ")]
         assert "[DONE]" not in events[-1]
         error = json.loads(events[-1].removeprefix("data: "))["error"]

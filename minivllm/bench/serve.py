@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import math
-import resource
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import httpx
 
 from ..utils import progress
 from .metrics import format_table, hardware_name, save_json
-from .serve_client import ENDPOINTS, chat_payload, completions_payload, send_request
+from .serve_client import ENDPOINTS, chat_payload, completions_payload, raise_open_file_limit, send_request
 from .serve_plot import plot_serving
 from .serve_stats import READING_SPEED_SLO, arrival_times, capacity, format_report, summarize_requests
 from .workloads import w3
@@ -100,14 +99,6 @@ async def run_rate(client, url: str, requests: list[tuple[dict, int]], arrivals:
     duration = time.perf_counter() - start
     bar.close()
     return results, duration
-
-
-def raise_open_file_limit() -> None:
-    # One connection per request in flight: at rate inf that is all of them, and the usual soft limit
-    # of 1024 open files would fail requests in the client, not in the server.
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 async def benchmark(args) -> dict:

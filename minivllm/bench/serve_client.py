@@ -11,6 +11,8 @@ report its own latency. The SSE lines are parsed here by hand (a few lines), so 
 """
 from __future__ import annotations
 
+import contextlib
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -144,3 +146,11 @@ async def send_request(client: httpx.AsyncClient, url: str, payload: dict, promp
     result.output_tokens = usage_tokens or token_chunks
     result.ok = True
     return result
+
+
+def raise_open_file_limit() -> None:
+    """One connection per request in flight: at rate inf that is all of them, and the usual soft limit
+    of 1024 open files would fail requests in the client, not in the server."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

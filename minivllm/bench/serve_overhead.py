@@ -39,7 +39,6 @@ import contextlib
 import math
 import os
 import random
-import resource
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ from pathlib import Path
 import httpx
 
 from .metrics import _stats, format_table, hardware_name, save_json
-from .serve_client import ENDPOINTS, chat_payload, completions_payload, send_request
+from .serve_client import ENDPOINTS, chat_payload, completions_payload, raise_open_file_limit, send_request
 from .word_model import write_word_model
 
 MODEL_CONFIG = {
@@ -91,14 +90,6 @@ def parse_args(argv=None):
         if unknown := [c for c in chosen if c not in known]:
             p.error(f"unknown {name} {unknown}: choose from {list(known)}")
     return args
-
-
-def raise_open_file_limit() -> None:
-    # One connection per stream, all at once: past the usual soft limit of 1024 open files requests
-    # would fail in the client, not in the server (as in serve.py, whose import pulls matplotlib).
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def make_prompts(n: int, min_len: int, max_len: int, vocab_size: int, seed: int) -> list[list[int]]:

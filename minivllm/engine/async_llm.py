@@ -93,9 +93,7 @@ class AsyncLLM:
                              self.tokenizer, loop)
         state.stream.on_close = self._drop
         self.output_processor.add(state)
-        self.engine_core.add_request(EngineCoreRequest(
-            state.core_id, token_ids, float(params.temperature), float(params.top_p), params.top_k, params.max_tokens,
-            params.ignore_eos, params.stop_token_ids, params.seed))
+        self.engine_core.add_request(EngineCoreRequest.of(state.core_id, token_ids, params))
         return state.stream
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,

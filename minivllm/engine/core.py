@@ -39,7 +39,6 @@ from collections.abc import Callable
 
 from ..config import EngineConfig
 from ..outputs import RequestOutput
-from ..sampling_params import SamplingParams
 from .core_messages import (
     AbortRequests,
     CoreInput,
@@ -141,10 +140,7 @@ class EngineCore:
     def _handle(self, message: CoreInput, outputs: list, rejected: list) -> None:
         if isinstance(message, EngineCoreRequest):
             try:  # checked again here (the frontend checked first): a socket is not trusted
-                params = SamplingParams(temperature=message.temperature, top_p=message.top_p, top_k=message.top_k,
-                                        max_tokens=message.max_tokens, ignore_eos=message.ignore_eos,
-                                        stop_token_ids=message.stop_token_ids, seed=message.seed)
-                self.engine.add_request(message.request_id, message.prompt_token_ids, params)
+                self.engine.add_request(message.request_id, message.prompt_token_ids, message.sampling_params())
             except ValueError as e:
                 rejected.append(RejectedRequest(message.request_id, str(e)))
         elif isinstance(message, AbortRequests):
@@ -164,6 +160,21 @@ class EngineCore:
 
 
 # ---- the core's process ----------------------------------------------------------------
+def receive_all(socket) -> list[bytes]:
+    """Wait for one frame, then take every frame already queued, without blocking. Both ends use it: a
+    thread that comes back from a blocking call waits for the GIL (up to the interpreter's 5 ms switch
+    interval while another thread runs Python), and one wait per message would let 1000 requests sent at
+    once trickle into the core over seconds, or a frontend busy writing events fall behind the core."""
+    import zmq
+
+    frames = [socket.recv()]
+    while True:
+        try:
+            frames.append(socket.recv(zmq.NOBLOCK))
+        except zmq.Again:
+            return frames
+
+
 def _receive(socket, inputs: queue.SimpleQueue) -> None:
     import msgspec
     import zmq
@@ -171,15 +182,7 @@ def _receive(socket, inputs: queue.SimpleQueue) -> None:
     decoder = msgspec.msgpack.Decoder(CoreInput)
     while True:
         try:
-            frames = [socket.recv()]
-            # Then everything already queued, without blocking. A thread that comes back from a blocking
-            # call waits for the GIL (up to the interpreter's 5 ms switch interval while the busy loop runs
-            # Python): one wait per message would let 1000 requests sent at once trickle in over seconds.
-            while True:
-                try:
-                    frames.append(socket.recv(zmq.NOBLOCK))
-                except zmq.Again:
-                    break
+            frames = receive_all(socket)
         except zmq.ContextTerminated:  # the process is ending
             socket.close()
             return

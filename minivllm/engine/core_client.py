@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 
 from ..config import EngineConfig
-from .core import EngineCore, make_engine
+from .core import EngineCore, make_engine, receive_all
 from .core_messages import (
     AbortRequests,
     CoreOutput,
@@ -139,17 +139,9 @@ class MPClient:
                         self._on_dead(f"the engine core process exited with code {self.process.returncode}")
                         return
                     continue
-                # Every message that has arrived, in one go: this thread waits for the GIL each time it
-                # comes back from the socket (the event loop holds it, writing events), and one wait per
-                # step would let the frontend fall behind the core for good. A batch of steps then
-                # reaches each stream at once, and a stream sends them as one event.
-                frames = [self._pull.recv()]
-                while True:
-                    try:
-                        frames.append(self._pull.recv(zmq.NOBLOCK))
-                    except zmq.Again:
-                        break
-                messages = [self._decoder.decode(frame) for frame in frames]
+                # Every message that has arrived, in one go: a batch of steps then reaches each stream at
+                # once, and a stream sends them as one event.
+                messages = [self._decoder.decode(frame) for frame in receive_all(self._pull)]
                 outputs = [m for m in messages if isinstance(m, EngineCoreOutputs)]
                 if outputs:
                     self._on_outputs(outputs)

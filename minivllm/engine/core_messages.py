@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import msgspec
 
+from ..sampling_params import SamplingParams
+
 
 class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
+    """A request as the core runs it: token ids and the sampling values that act on tokens (stop
+    strings stay in the frontend, which owns the text)."""
     request_id: str
     prompt_token_ids: list[int]
     temperature: float
@@ -26,6 +30,17 @@ class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
     ignore_eos: bool
     stop_token_ids: list[int]
     seed: int | None
+
+    @classmethod
+    def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> EngineCoreRequest:
+        return cls(request_id, prompt_token_ids, float(params.temperature), float(params.top_p), params.top_k,
+                   params.max_tokens, params.ignore_eos, params.stop_token_ids, params.seed)
+
+    def sampling_params(self) -> SamplingParams:
+        """Checked again (SamplingParams raises ValueError): what arrives on a socket is not trusted."""
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
+                              stop_token_ids=self.stop_token_ids, seed=self.seed)
 
 
 class AbortRequests(msgspec.Struct, tag="abort", frozen=True):

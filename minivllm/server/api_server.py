@@ -106,7 +106,7 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
             body = protocol.response(request_id, served_model_name, chat, choices, True, usage)
             if include_usage and usage is None:
                 body["usage"] = None  # OpenAI's shape: null on every chunk but the last
-            return b"data: " + encode(body) + b"\n\n"
+            return _sse_bytes(body)
 
         try:
             if chat:  # OpenAI's streams open with the role
@@ -123,7 +123,7 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
                 yield event([], protocol.usage(len(last.prompt_token_ids), len(last.outputs[0].token_ids)))
             yield b"data: [DONE]\n\n"
         except EngineDeadError as e:
-            yield b"data: " + encode(_engine_stopped(e).body()) + b"\n\n"
+            yield _sse_bytes(_engine_stopped(e).body())
         finally:
             stream.close()
 
@@ -138,7 +138,11 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
     return app
 
 
-encode = msgspec.json.Encoder().encode
+_encode = msgspec.json.Encoder().encode
+
+
+def _sse_bytes(data) -> bytes:
+    return b"data: " + _encode(data) + b"\n\n"
 
 
 def _engine_stopped(reason) -> APIError:
