@@ -131,6 +131,10 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
+    # The GPU's memory as this engine sees it, in bytes (None: the whole GPU). Set, the engine behaves as on
+    # a GPU of that size: gpu_memory_utilization is a share of it and other processes' memory does not
+    # count, so several capped engines can share one big GPU (a 16 GB T4's budget on an H200, say).
+    gpu_memory_limit_bytes: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
@@ -155,7 +159,7 @@ class EngineConfig:
         # Every knob is reachable from the server's command line: each gets a clear message here,
         # at the door, rather than a failure (or a silent replacement) deep inside the engine.
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size", "num_kv_blocks", "max_num_batched_tokens",
-                     "max_model_len"):
+                     "max_model_len", "gpu_memory_limit_bytes"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -19,7 +19,7 @@ from .utils import progress
 
 class LLM:
     def __init__(self, model: str, **engine_args):
-        self.llm_engine = LLMEngine(engine_config("LLM", model, engine_args))
+        self.llm_engine = LLMEngine.from_config(engine_config("LLM", model, engine_args))
         self._next_id = 0
 
     @property

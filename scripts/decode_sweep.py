@@ -7,7 +7,7 @@ a thousand tokens, a shape the bench CLI does not profile. This script, on a GPU
    `_tile_size` and `_warps_and_stages`) at batch 64 x 4096 and 256 x 1024, as a fraction of the
    bandwidth measured in the same run; a setting that fails to compile is recorded as failed;
 2. profiles decode steps of the Mistral-7B shape (bf16, dummy weights, CUDA graphs) at W2's shape,
-   batch 256 x 1024 tokens, and at batch 128 x 1024 (`minivllm.bench.profile`).
+   batch 256 x 1024 tokens, and at batch 128 x 1024 (`minivllm_lab.bench.profile`).
 
     python scripts/decode_sweep.py --out gpu-out/decode_sweep.json
 """
@@ -19,10 +19,10 @@ from unittest import mock
 import torch
 
 from minivllm import LLM
-from minivllm.bench import roofline
-from minivllm.bench.kernels import _paged_cache, _time_ms
-from minivllm.bench.profile import decode_step_profile
 from minivllm.kernels import decode_attention, paged_decode_attention
+from minivllm_lab.bench import roofline
+from minivllm_lab.bench.kernels import _paged_cache, _time_ms
+from minivllm_lab.bench.profile import decode_step_profile
 
 
 def profile_w2_shape(results: dict) -> None:

@@ -20,25 +20,25 @@ case "$1" in
       python3 -c "import torch; from minivllm.kernels import rms_norm; x = torch.randn(2, 64, device='cuda'); print('triton ok:', rms_norm(x, torch.ones(64, device='cuda'), 1e-5).shape)"
     } 2>&1 | tee "$OUT/toolchain.txt"
     python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu_tests.log"
-    python3 -m minivllm.bench.kernels --out "$OUT/10_kernels.json" 2>&1 | tee "$OUT/kernels.log" ;;
+    python3 -m minivllm_lab.bench.kernels --out "$OUT/10_kernels.json" 2>&1 | tee "$OUT/kernels.log" ;;
   w1)
     # recompute (no KV cache, ~65 s on W1) is left out to fit the call; notebook 02 measures it.
-    python3 -m minivllm.bench --workload w1 --ablation --engines hf-sequential,hf-static,hf-continuous,minivllm-static,minivllm \
+    python3 -m minivllm_lab.bench --workload w1 --ablation --engines hf-sequential,hf-static,hf-continuous,minivllm-static,minivllm \
       --out "$OUT/bench_w1.json" 2>&1 | tee "$OUT/bench_w1.log" ;;
   w2)
     # ~5.5 minutes on the H200: transformers 4.7 (~470 tok/s x 134k tokens), the rest under one.
-    python3 -m minivllm.bench --workload w2 --engines minivllm,hf-continuous \
+    python3 -m minivllm_lab.bench --workload w2 --engines minivllm,hf-continuous \
       --out "$OUT/bench_w2.json" 2>&1 | tee "$OUT/bench_w2.log" ;;
   w3)
     # ~4 minutes on the H200: transformers 3.6 (~700 tok/s x 150k tokens), minivllm 11 s.
-    python3 -m minivllm.bench --workload w3-offline --engines minivllm,hf-continuous --no-decode \
+    python3 -m minivllm_lab.bench --workload w3-offline --engines minivllm,hf-continuous --no-decode \
       --out "$OUT/bench_w3_offline.json" 2>&1 | tee "$OUT/bench_w3_offline.log" ;;
   overlap)
     # ~8 minutes on the H200; each part writes its JSON as soon as it ends.
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
-    python3 -m minivllm.bench --workload w1,w2,w3-offline --engines minivllm \
+    python3 -m minivllm_lab.bench --workload w1,w2,w3-offline --engines minivllm \
       --out "$OUT/bench_w1_w2_w3.json" 2>&1 | tee "$OUT/bench_w1_w2_w3.log"
-    python3 -m minivllm.bench --workload w1 --engines hf-continuous,minivllm --ablation --no-decode \
+    python3 -m minivllm_lab.bench --workload w1 --engines hf-continuous,minivllm --ablation --no-decode \
       --out "$OUT/bench_w1.json" 2>&1 | tee "$OUT/bench_w1.log" ;;
   *) echo "usage: bash scripts/gpu_bench.sh tests|w1|w2|w3|overlap"; exit 2 ;;
 esac

@@ -17,7 +17,7 @@ FOLDER=/tmp/mistral-7b-words PORT=8012
 HW="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), Mistral-7B-Instruct shape, bf16, random weights"
 bundle() { (cd "$OUT" && tar czf engine_core_gpu.tgz --exclude=engine_core_gpu.tgz *.json *.log 2>/dev/null); }
 
-python3 -c "import sys; from minivllm.bench.word_model import write_word_model; from minivllm.models.presets import MISTRAL_7B_CONFIG; write_word_model(sys.argv[1], MISTRAL_7B_CONFIG)" "$FOLDER"
+python3 -c "import sys; from minivllm_lab.bench.word_model import write_word_model; from minivllm.models.presets import MISTRAL_7B_CONFIG; write_word_model(sys.argv[1], MISTRAL_7B_CONFIG)" "$FOLDER"
 python3 scripts/serve_overhead.py --out "$OUT/w3_offline.json" 2>&1 | tee "$OUT/w3_offline.log"
 bundle
 for mode in $MODES; do
@@ -27,7 +27,7 @@ for mode in $MODES; do
   server=$!
   for i in $(seq 300); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break
     kill -0 $server 2>/dev/null || { echo "the server exited:"; tail -20 "$OUT/server_$mode.log"; exit 1; }; sleep 1; done
-  python3 -m minivllm.bench.serve --base-url http://127.0.0.1:$PORT --endpoint chat --label "minivllm ($mode)" \
+  python3 -m minivllm_lab.bench.serve --base-url http://127.0.0.1:$PORT --endpoint chat --label "minivllm ($mode)" \
     --request-rate "$RATES" --num-prompts "$PROMPTS" --vocab-size 32000 --timeout 600 --hardware "$HW" \
     --out "$OUT/w3_served_$mode.json" 2>&1 | tee "$OUT/w3_served_$mode.log"
   curl -s http://127.0.0.1:$PORT/metrics | grep -E "^minivllm:(num_preemptions_total|generation_tokens_total)" \

@@ -8,7 +8,7 @@ set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 FOLDER=/tmp/mistral-7b-words PORT=8013
-python3 -c "import sys; from minivllm.bench.word_model import write_word_model; from minivllm.models.presets import MISTRAL_7B_CONFIG; write_word_model(sys.argv[1], MISTRAL_7B_CONFIG)" "$FOLDER"
+python3 -c "import sys; from minivllm_lab.bench.word_model import write_word_model; from minivllm.models.presets import MISTRAL_7B_CONFIG; write_word_model(sys.argv[1], MISTRAL_7B_CONFIG)" "$FOLDER"
 python3 -m minivllm serve "$FOLDER" --load-format dummy --max-model-len 4096 --served-model-name w3-model \
   --host 127.0.0.1 --port $PORT --log-level warning > "$OUT/server.log" 2>&1 &
 server=$!
@@ -21,7 +21,7 @@ sample() {  # pid name: cumulative CPU seconds (user+system) every 0.5 s
     echo "$(date +%s.%N) $2 $(awk '{print ($14+$15)/100}' /proc/$1/stat)"; sleep 0.5; done; }
 sample $server frontend >> "$OUT/cpu.txt" & s1=$!
 sample $core core >> "$OUT/cpu.txt" & s2=$!
-python3 -m minivllm.bench.serve --base-url http://127.0.0.1:$PORT --endpoint chat --label "minivllm (process)" \
+python3 -m minivllm_lab.bench.serve --base-url http://127.0.0.1:$PORT --endpoint chat --label "minivllm (process)" \
   --request-rate inf --num-prompts 1000 --vocab-size 32000 --timeout 600 --out "$OUT/served.json" > "$OUT/bench.log" 2>&1 &
 bench=$!
 sleep 5

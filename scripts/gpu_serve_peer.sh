@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # transformers' own OpenAI-compatible server (`transformers serve --continuous-batching`) under the
 # serving benchmark, on the GPU machine: the Mistral-7B-Instruct shape with random weights saved to disk,
-# the word tokenizer of minivllm.bench.word_model, W3 through the chat endpoint, as notebook 13 measures
+# the word tokenizer of minivllm_lab.bench.word_model, W3 through the chat endpoint, as notebook 13 measures
 # minivllm. transformers runs far below minivllm's rates, so fewer requests and low rates fit one call.
 # Needs fastapi, uvicorn, pydantic and openai on the machine (wheels carried, on PYTHONPATH).
 # Usage (repo root): bash scripts/gpu_serve_peer.sh   -> $OUT/13_serving_transformers.json
@@ -12,7 +12,7 @@ FOLDER=/tmp/mistral-7b-words PORT=8011
 RATES=${RATES:-1,2,4} PROMPTS=${PROMPTS:-100}
 python3 - "$FOLDER" <<'PY' 2>&1 | tee "$OUT/peer_weights.log" || exit 1
 import sys, time, torch, transformers
-from minivllm.bench.word_model import write_word_model
+from minivllm_lab.bench.word_model import write_word_model
 from minivllm.models.presets import MISTRAL_7B_CONFIG
 start = time.time()
 folder = write_word_model(sys.argv[1], MISTRAL_7B_CONFIG)
@@ -27,7 +27,7 @@ transformers serve "$FOLDER" --continuous-batching --host 127.0.0.1 --port $PORT
 server=$!
 for i in $(seq 300); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break; sleep 1; done
 curl -sf http://127.0.0.1:$PORT/health || { echo "transformers serve did not start"; tail -50 "$OUT/peer_server.log"; kill $server; exit 1; }
-python3 -m minivllm.bench.serve --base-url http://127.0.0.1:$PORT --endpoint chat --model "$FOLDER" \
+python3 -m minivllm_lab.bench.serve --base-url http://127.0.0.1:$PORT --endpoint chat --model "$FOLDER" \
   --label "transformers serve" --request-rate "$RATES" --num-prompts "$PROMPTS" --vocab-size 32000 --timeout 1200 \
   --hardware "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), Mistral-7B-Instruct shape, bf16, random weights" \
   --out "$OUT/13_serving_transformers.json" 2>&1 | tee "$OUT/peer_bench.log"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does every notebook run to the end on a Colab T4? Reproduced on a bigger GPU: each notebook runs under
-# MINIVLLM_PROFILE=t4 (minivllm.notebook.setup: a 15 GiB memory cap for the process, fp16, the T4's kernel
+# MINIVLLM_PROFILE=t4 (minivllm_lab.notebook.setup: a 15 GiB memory cap for the process, fp16, the T4's kernel
 # settings and model). Capped at 15 GiB each, $T4_PARALLEL notebooks share the GPU at a time: the check
 # is pass or fail, not speed. The executed copies and their figures are thrown away; the result is
 # figures/colab_t4_check.json ({"profile", "hardware", "commit", "notebooks": {name: "passed" | "failed: why"}}),
@@ -21,7 +21,7 @@ printf '%s\n' "$@" | xargs -P "${T4_PARALLEL:-7}" -I{} bash -c 'check_one {}'
 python3 - "$@" <<'PY'
 import json, pathlib, re, subprocess, sys, torch
 out = pathlib.Path(__import__("os").environ["OUT"])
-result = {"profile": "t4: 15 GiB cap, fp16, T4 kernel settings, Llama-3.2-1B shape (minivllm.notebook.setup)",
+result = {"profile": "t4: 15 GiB cap, fp16, T4 kernel settings, Llama-3.2-1B shape (minivllm_lab.notebook.setup)",
           "hardware": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
           "commit": __import__("os").environ.get("MINIVLLM_COMMIT") or subprocess.run(
               ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),

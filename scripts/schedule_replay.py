@@ -16,7 +16,7 @@ import time
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.bench.workloads import w1, w2
+from minivllm_lab.bench.workloads import w1, w2
 
 
 def tiny_checkpoint() -> str:

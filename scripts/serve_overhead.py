@@ -12,10 +12,10 @@ import time
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.bench.metrics import hardware_name, save_json
-from minivllm.bench.word_model import write_word_model
-from minivllm.bench.workloads import w3
 from minivllm.models.presets import MISTRAL_7B_CONFIG
+from minivllm_lab.bench.metrics import hardware_name, save_json
+from minivllm_lab.bench.word_model import write_word_model
+from minivllm_lab.bench.workloads import w3
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", default="bench-results/serve_overhead.json")

@@ -2,14 +2,14 @@
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.baselines import (
+from minivllm.models.loader import resolve_model
+from minivllm_lab.baselines import (
     hf_generate_continuous,
     hf_generate_sequential,
     hf_generate_static_batch,
     hf_model_for,
     recompute_generate,
 )
-from minivllm.models.loader import resolve_model
 
 
 def test_all_baselines_agree_with_the_engine(tiny_llama):

@@ -1,4 +1,4 @@
-"""Tests of minivllm.bench: workloads, metrics and the roofline calculator (CPU, fast)."""
+"""Tests of minivllm_lab.bench: workloads, metrics and the roofline calculator (CPU, fast)."""
 
 import json
 from dataclasses import replace
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minivllm.bench import metrics, roofline, workloads
-from minivllm.bench.roofline import MISTRAL_7B
+from minivllm_lab.bench import metrics, roofline, workloads
+from minivllm_lab.bench.roofline import MISTRAL_7B
 
 H200_BW, H200_FLOPS = roofline.H200_BANDWIDTH_BPS, roofline.H200_MATMUL_FLOPS
 
@@ -155,7 +155,7 @@ def test_measurements_run_on_cpu():
 def test_kernel_bench_runs_every_kernel_and_its_reference(tmp_path):
     import torch
 
-    from minivllm.bench.kernels import plot_kernel_bench, run_kernel_bench
+    from minivllm_lab.bench.kernels import plot_kernel_bench, run_kernel_bench
     result = run_kernel_bench(device="cpu", dtype=torch.float32, smoke=True)
     kernels = {row["kernel"] for row in result["rows"]}
     # a sweep each
@@ -169,7 +169,7 @@ def test_decode_step_times_cover_the_whole_batch(tiny_llama):
     # 6 prompts of 20 tokens with a 32-token step budget: the prefill takes several steps, and the
     # first sequences decode meanwhile. Every timed step must still be a decode of all 6.
     from minivllm import LLM
-    from minivllm.bench.profile import decode_step_times_ms
+    from minivllm_lab.bench.profile import decode_step_times_ms
     llm = LLM(tiny_llama[0], max_model_len=64, max_num_batched_tokens=32, num_kv_blocks=64)
     engine = llm.llm_engine
     steps_seen = []
@@ -185,7 +185,7 @@ def test_decode_step_times_cover_the_whole_batch(tiny_llama):
 def test_decode_step_times_refuse_a_batch_that_shrank(tiny_llama):
     # 20-token prompts in a 24-token model: 4 tokens each, fewer than the warm-up and 5 timed steps.
     from minivllm import LLM
-    from minivllm.bench.profile import decode_step_times_ms
+    from minivllm_lab.bench.profile import decode_step_times_ms
     llm = LLM(tiny_llama[0], max_model_len=24, num_kv_blocks=16)
     with pytest.raises(RuntimeError, match="max_model_len"):
         decode_step_times_ms(llm, batch=2, context=20, steps=5)

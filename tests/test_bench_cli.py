@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minivllm.bench import runners
-from minivllm.bench.__main__ import ABLATION, ENGINES, main, make_workloads, parse_args
+from minivllm_lab.bench import runners
+from minivllm_lab.bench.__main__ import ABLATION, ENGINES, main, make_workloads, parse_args
 
 
 def test_cli_runs_every_engine_and_the_ablation(tiny_llama, tmp_path, capsys):

@@ -8,8 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
-from minivllm.bench.serve import main
-from minivllm.bench.serve_client import (
+from minivllm_lab.bench.serve import main
+from minivllm_lab.bench.serve_client import (
     DONE,
     RequestResult,
     carries_tokens,
@@ -19,9 +19,9 @@ from minivllm.bench.serve_client import (
     parse_sse_line,
     send_request,
 )
-from minivllm.bench.serve_plot import plot_serving
-from minivllm.bench.serve_stats import READING_SPEED_SLO, arrival_times, capacity, format_report, summarize_requests
-from minivllm.bench.workloads import w3
+from minivllm_lab.bench.serve_plot import plot_serving
+from minivllm_lab.bench.serve_stats import READING_SPEED_SLO, arrival_times, capacity, format_report, summarize_requests
+from minivllm_lab.bench.workloads import w3
 
 
 def test_w3_shares_one_system_prompt_then_draws_each_user_part():

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from minivllm.bench.serve_overhead import SMOKE, main
+from minivllm_lab.bench.serve_overhead import SMOKE, main
 
 
 @pytest.mark.slow

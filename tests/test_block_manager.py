@@ -2,8 +2,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivllm.cache.block_manager import NO_BLOCK, BlockManager
-from minivllm.engine.sequence import Sequence
+from minivllm.core.block_manager import NO_BLOCK, BlockManager
+from minivllm.core.sequence import Sequence
 from minivllm.sampling_params import SamplingParams
 
 

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.detokenizer import IncrementalDetokenizer
+from minivllm.core.detokenizer import IncrementalDetokenizer
 
 
 @pytest.fixture(scope="module")

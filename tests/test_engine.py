@@ -140,7 +140,7 @@ def test_attention_backend_resolution(monkeypatch):
 
 
 def test_cuda_graph_batch_sizes():
-    from minivllm.engine.cuda_graphs import batch_size_ladder
+    from minivllm.worker.cuda_graphs import batch_size_ladder
     assert batch_size_ladder(1) == [1]
     assert batch_size_ladder(5) == [1, 2, 4, 5]
     assert batch_size_ladder(40) == [1, 2, 4, 8, 16, 32, 40]
@@ -151,10 +151,10 @@ def test_prepare_sends_one_flat_batch_from_the_scheduler_output(tiny_llama):
     # A decode whose first blocks were released outside a sliding window (-1) and a prefill chunk that
     # does not reach its prompt's end: the block tables are padded, holes never reach a kernel as -1,
     # and only the decode samples.
-    from minivllm.engine.model_runner import ModelRunner
-    from minivllm.engine.scheduler import ScheduledSequence, SchedulerOutput
-    from minivllm.engine.sequence import Sequence
+    from minivllm.core.scheduler import ScheduledSequence, SchedulerOutput
+    from minivllm.core.sequence import Sequence
     from minivllm.models.loader import resolve_model
+    from minivllm.worker.model_runner import ModelRunner
     runner = ModelRunner(resolve_model(tiny_llama[0]).config, "cpu", torch.float32, max_model_len=16, block_size=4,
                          max_num_seqs=2)
     long = Sequence("a", list(range(1, 11)), SamplingParams())
@@ -186,10 +186,10 @@ def test_block_table_rows_come_back_after_each_batch(tiny_llama, overlap):
 def test_prepare_takes_an_in_flight_token_from_the_device(tiny_llama):
     # With async scheduling a decode may be scheduled before its input token reached the host: its id
     # comes from the last step's sampled tensor, by that request's row in it.
-    from minivllm.engine.model_runner import ModelRunner
-    from minivllm.engine.scheduler import ScheduledSequence, SchedulerOutput
-    from minivllm.engine.sequence import Sequence
+    from minivllm.core.scheduler import ScheduledSequence, SchedulerOutput
+    from minivllm.core.sequence import Sequence
     from minivllm.models.loader import resolve_model
+    from minivllm.worker.model_runner import ModelRunner
     runner = ModelRunner(resolve_model(tiny_llama[0]).config, "cpu", torch.float32, max_model_len=16, block_size=4,
                          max_num_seqs=2)
     a, b = Sequence("a", [1, 2, 3], SamplingParams()), Sequence("b", [4, 5], SamplingParams())

@@ -231,7 +231,7 @@ CRASHING_STEP = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def word_model(tmp_path_factory):
-    from minivllm.bench.word_model import write_word_model
+    from minivllm_lab.bench.word_model import write_word_model
     return str(write_word_model(tmp_path_factory.mktemp("words"), TINY_WORDS))
 
 

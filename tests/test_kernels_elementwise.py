@@ -10,8 +10,8 @@ from minivllm.kernels.rmsnorm import rms_norm
 from minivllm.kernels.rotary import apply_rotary_
 from minivllm.kernels.silu_and_mul import silu_and_mul
 from minivllm.kernels.store_kv import store_kv
-from minivllm.models.layers import RMSNorm, RotaryEmbedding
-from minivllm.models.layers import silu_and_mul as silu_and_mul_ref
+from minivllm.layers.basic import RMSNorm, RotaryEmbedding
+from minivllm.layers.basic import silu_and_mul as silu_and_mul_ref
 
 DTYPES = [torch.float32, torch.bfloat16]
 

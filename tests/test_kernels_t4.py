@@ -66,20 +66,32 @@ def test_every_kernel_is_measured():
     assert kernels == {kernel for _, _, kernel in CASES}
 
 
-def test_capability_override_steers_the_settings(monkeypatch):
-    """MINIVLLM_KERNEL_CAPABILITY replaces the device's capability (read at every call), so a
+@pytest.fixture
+def capability_env(monkeypatch):
+    """Set MINIVLLM_KERNEL_CAPABILITY and forget the capability decided so far (it is decided once per
+    device); afterwards the cache is cleared again, so no other test sees this one's choice."""
+    def set_capability(value: str) -> None:
+        monkeypatch.setenv(target.ENV_VAR, value)
+        target.kernel_capability.cache_clear()
+    yield set_capability
+    monkeypatch.undo()
+    target.kernel_capability.cache_clear()
+
+
+def test_capability_override_steers_the_settings(capability_env):
+    """MINIVLLM_KERNEL_CAPABILITY replaces the device's capability (decided once per device), so a
     torch.device("cuda") is enough to ask the choosers what a T4 or an H200 gets, without a GPU.
     The CPU interpreter's settings do not depend on it."""
     from minivllm.kernels import decode_attention, prefill_attention
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
 
-    monkeypatch.setenv(target.ENV_VAR, "9.0")
+    capability_env("9.0")
     assert target.kernel_capability(cuda) == (9, 0)
     assert decode_attention._tile_size(cuda) == 128
     assert decode_attention._warps_and_stages(cuda) == (8, 3)
     assert prefill_attention._tiles(128, torch.float16, cuda) == (128, 64, 8, 3)
 
-    monkeypatch.setenv(target.ENV_VAR, T4_CAPABILITY)
+    capability_env(T4_CAPABILITY)
     assert target.kernel_capability(cuda) == (7, 5)
     assert decode_attention._tile_size(cuda) == 64
     assert decode_attention._warps_and_stages(cuda) == (4, 2)
@@ -88,7 +100,7 @@ def test_capability_override_steers_the_settings(monkeypatch):
     assert decode_attention._tile_size(cpu) == 16
     assert prefill_attention._tiles(128, torch.float16, cpu) == (16, 16, 4, 1)
 
-    monkeypatch.setenv(target.ENV_VAR, "sm_75")
+    capability_env("sm_75")
     with pytest.raises(ValueError, match=target.ENV_VAR):
         target.kernel_capability(cuda)
 

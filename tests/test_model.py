@@ -7,7 +7,7 @@ import torch
 from conftest import make_checkpoint
 from minivllm.attention import NoCacheMetadata
 from minivllm.config import ModelConfig
-from minivllm.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from minivllm.layers.basic import RMSNorm, RotaryEmbedding, silu_and_mul
 from minivllm.models.loader import build_model, resolve_model
 
 

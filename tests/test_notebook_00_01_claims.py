@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 
 from minivllm.attention import NoCacheMetadata, torch_ref
-from minivllm.bench import roofline
-from minivllm.bench.metrics import summarize
-from minivllm.models.layers import RMSNorm, RotaryEmbedding
+from minivllm.layers.basic import RMSNorm, RotaryEmbedding
 from minivllm.models.loader import build_model, resolve_model
 from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minivllm_lab.bench import roofline
+from minivllm_lab.bench.metrics import summarize
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -128,7 +128,7 @@ def test_inline_swiglu_and_decoder_layer(nb01, tiny):
 # ---- notebook 00: timing HF generate token by token ---------------------------------------
 
 def test_timed_generate_matches_the_baseline(tiny):
-    from minivllm.baselines import hf_generate_sequential
+    from minivllm_lab.baselines import hf_generate_sequential
     _, _, hf_model = tiny
     nb00 = notebook_definitions("00_baseline_and_metrics.ipynb", RequestOutput=RequestOutput,
                                 RequestMetrics=RequestMetrics, CompletionOutput=CompletionOutput)

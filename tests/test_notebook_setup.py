@@ -1,11 +1,11 @@
-"""minivllm.notebook.setup: the machine's choices, and the minivllm-env line every notebook prints."""
+"""minivllm_lab.notebook.setup: the machine's choices, and the minivllm-env line every notebook prints."""
 import json
 from dataclasses import replace
 
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.notebook import choose_dtype, choose_model, setup
+from minivllm_lab.notebook import choose_dtype, choose_model, setup
 
 KEYS = {"commit", "version", "device", "gpu", "capability", "memory_gib", "dtype", "model", "torch", "triton"}
 

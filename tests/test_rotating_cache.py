@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from minivllm.attention import torch_ref
-from minivllm.cache.rotating_cache import RotatingKVCache, window_attention
+from minivllm_lab.rotating_cache import RotatingKVCache, window_attention
 
 HQ, HKV, D = 4, 2, 8
 

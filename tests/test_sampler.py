@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.sampler import apply_top_k_top_p, sample
+from minivllm.worker.sampler import apply_top_k_top_p, sample
 
 
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0), dict(top_p=1.5), dict(top_k=0),

@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_block_manager import check_invariants
 
-from minivllm.cache.block_manager import NO_BLOCK, BlockManager, cdiv
+from minivllm.core.block_manager import NO_BLOCK, BlockManager, cdiv
+from minivllm.core.scheduler import Scheduler
+from minivllm.core.sequence import Sequence, SequenceStatus
+from minivllm.engine.input_processor import InputProcessor
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.sequence import Sequence, SequenceStatus
 from minivllm.sampling_params import SamplingParams
 
 STOP = 3
@@ -26,8 +27,9 @@ def true_token(request_id: str, k: int) -> int:
     return (sum(map(ord, request_id)) * 7 + k * k) % 5
 
 
-class FakeRunner:
-    """`ModelRunner`'s interface. It checks each step as the GPU would need it, and "samples" true tokens."""
+class FakeExecutor:
+    """The executor's interface (`minivllm.executor.Executor`). It checks each step as the GPU would need it,
+    and "samples" true tokens."""
 
     def __init__(self, scheduler: Scheduler, window=None):
         self.scheduler, self.window = scheduler, window
@@ -67,11 +69,11 @@ class FakeRunner:
 
 
 def fake_engine(scheduler: Scheduler, async_scheduling: bool, window=None) -> LLMEngine:
-    """The real LLMEngine step loop around the real scheduler, with the fake runner."""
-    engine = object.__new__(LLMEngine)
-    engine.config = SimpleNamespace(async_scheduling=async_scheduling)
-    engine.scheduler, engine.runner, engine._in_flight = scheduler, FakeRunner(scheduler, window), None
-    return engine
+    """The real LLMEngine step loop around the real scheduler, with the fake executor."""
+    config = SimpleNamespace(async_scheduling=async_scheduling)
+    inputs = InputProcessor(None, 1000, scheduler.max_model_len, scheduler.blocks.block_size,
+                            scheduler.blocks.num_total_blocks, scheduler.max_num_batched_tokens, window)
+    return LLMEngine(config, scheduler, FakeExecutor(scheduler, window), inputs)
 
 
 def expected_tokens(seq: Sequence, max_model_len: int) -> list[int]:
@@ -143,7 +145,7 @@ def test_a_request_that_stops_wastes_at_most_the_step_in_flight():
     while engine.has_unfinished_requests():
         engine.step()
     assert b.output_token_ids == [true_token("b", 0), stop_at] and b.finish_reason == "stop"
-    assert engine.runner.num_steps == 3  # prefill, the stop token, one step wasted
+    assert engine.executor.num_steps == 3  # prefill, the stop token, one step wasted
     assert bm.num_free_blocks == bm.num_total_blocks
 
 
@@ -155,7 +157,7 @@ def test_a_request_at_its_length_limit_is_not_scheduled_again():
     sched.add(Sequence("a", [1, 2, 3], SamplingParams(max_tokens=3)))
     while engine.has_unfinished_requests():
         engine.step()
-    assert engine.runner.num_steps == 3
+    assert engine.executor.num_steps == 3
 
 
 def test_decodes_go_first_and_long_prompts_are_chunked():
@@ -171,7 +173,7 @@ def test_decodes_go_first_and_long_prompts_are_chunked():
         out = sched.schedule()
         assert out.decodes[0].seq is short and out.num_decodes == 1     # the decode never waits
         assert out.prefills[0].seq is long and out.prefills[0].num_tokens == 9   # the prompt fills the rest
-        engine._process((out, engine.runner.sample(engine.runner.execute_model(out), out)))
+        engine._process((out, engine.executor.sample(engine.executor.execute_model(out), out)))
     assert long.num_computed_tokens == 27
 
 

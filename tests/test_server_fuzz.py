@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from minivllm.bench.word_model import write_word_model
 from minivllm.server.launcher import running_server
+from minivllm_lab.bench.word_model import write_word_model
 
 pytestmark = pytest.mark.slow
 CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128, "hidden_size": 32,

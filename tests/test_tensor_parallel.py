@@ -1,7 +1,7 @@
 """Tensor parallelism on the CPU: 2 (and 4) gloo ranks give transformers' greedy tokens, each rank
 holds exactly its slice of the checkpoint, workers stop with the engine, a dead worker is an error.
 
-Each engine here starts real worker processes (`python -m minivllm.distributed`); anything that
+Each engine here starts real worker processes (`python -m minivllm.executor`); anything that
 could hang if the engine were wrong runs under a deadline instead.
 """
 import os
@@ -17,6 +17,7 @@ from test_engine import random_prompts
 from minivllm import LLM, SamplingParams
 from minivllm.distributed import parallel_state
 from minivllm.models.loader import build_model, resolve_model
+from minivllm_lab.bench.profile import time_all_reduce
 
 N = 16  # new tokens per request
 DEADLINE_S = 300
@@ -62,7 +63,7 @@ def worker_pids() -> set[int]:
             if pid == os.getpid():
                 return True
         return False
-    return {pid for pid in parents if b"minivllm.distributed" in commands.get(pid, b"") and descends_from_us(pid)}
+    return {pid for pid in parents if b"minivllm.executor" in commands.get(pid, b"") and descends_from_us(pid)}
 
 
 @torch.no_grad()
@@ -195,7 +196,7 @@ def test_a_worker_that_dies_is_a_clear_error(references):
     try:
         engine.add_request("a", prompts[0], SamplingParams(temperature=0, max_tokens=N, ignore_eos=True))
         run_with_deadline(engine.step)  # a step in flight when the worker dies
-        worker = next(iter(engine.workers.processes.values()))
+        worker = next(iter(engine.executor.workers.processes.values()))
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(timeout=30)
         with pytest.raises(RuntimeError, match="worker 1 .* has died"):
@@ -206,7 +207,7 @@ def test_a_worker_that_dies_is_a_clear_error(references):
 
 def test_a_worker_that_cannot_start_says_why(references, monkeypatch):
     """Rank 1 is sent to a device it does not have: its own error reaches the caller, nothing is left."""
-    from minivllm.distributed import workers
+    from minivllm.executor import workers
     monkeypatch.setattr(workers, "rank_device", lambda device, rank: "cuda:7" if rank else device)
     before = worker_pids()
     with pytest.raises(RuntimeError, match="(?s)worker 1 failed to start.*cuda"):
@@ -231,7 +232,7 @@ def test_a_failure_on_rank_0_in_a_step_stops_the_workers_and_says_why(references
             run_with_deadline(lambda: llm.generate(prompts[:1], params, use_tqdm=False))
         assert not worker_pids() - before
         with pytest.raises(RuntimeError, match="cannot run: rank 0 failed in execute_batch"):
-            run_with_deadline(lambda: llm.llm_engine.runner.initialize_kv_cache(8))
+            run_with_deadline(lambda: llm.llm_engine.executor.collective_rpc("initialize_kv_cache", 8))
     finally:
         run_with_deadline(llm.shutdown, 60)
     assert parallel_state.tp_size() == 1
@@ -244,7 +245,7 @@ def test_one_split_engine_per_process_and_keywords_reach_every_rank(references):
         with pytest.raises(RuntimeError, match="a tensor-parallel engine is running in this process"):
             LLM(folder, max_model_len=80, num_kv_blocks=40)
         # a keyword argument reaches the workers too: both ranks make the same number of collectives
-        times = run_with_deadline(lambda: llm.llm_engine.runner.time_all_reduce(1, repeats=3), 60)
+        times = run_with_deadline(lambda: llm.llm_engine.executor.collective_rpc(time_all_reduce, 1, repeats=3), 60)
         assert len(times) == 3
     finally:
         run_with_deadline(llm.shutdown, 60)

@@ -2,7 +2,7 @@
 import random
 
 from minivllm import LLM, SamplingParams
-from minivllm.bench.word_model import words, write_word_model
+from minivllm_lab.bench.word_model import words, write_word_model
 
 TINY_MISTRAL = {"architectures": ["MistralForCausalLM"], "vocab_size": 211, "hidden_size": 64,
                 "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -1,19 +1,13 @@
-"""Attention: the metadata of a flat batch, the torch reference, the Triton backend, and the layer."""
+"""Attention: the metadata of a flat batch, the backends (the torch reference, the Triton kernels), and the layer.
+
+Read in this order: `metadata.py` (what travels with a batch), `backend.py` (what a backend does),
+`torch_ref.py` and `triton_backend.py` (the two backends), `selector.py` (one chosen by name), `layer.py`.
+"""
 from __future__ import annotations
 
-from typing import Callable
-
+from .backend import AttentionBackend
 from .layer import Attention
 from .metadata import AttentionMetadata, NoCacheMetadata
+from .selector import get_attention_backend
 
-
-def metadata_builder(backend: str, sliding_window: int | None) -> Callable[[AttentionMetadata], AttentionMetadata]:
-    """The one place a step's metadata gets what `backend`'s kernels need, once per step for all layers."""
-    if backend == "triton":
-        from .triton_backend import TritonAttentionMetadata  # triton loads only when asked for
-        return TritonAttentionMetadata.build
-    from .torch_ref import TorchAttentionMetadata
-    return lambda meta: TorchAttentionMetadata.build(meta, sliding_window)
-
-
-__all__ = ["Attention", "AttentionMetadata", "NoCacheMetadata", "metadata_builder"]
+__all__ = ["Attention", "AttentionBackend", "AttentionMetadata", "NoCacheMetadata", "get_attention_backend"]

@@ -20,7 +20,7 @@ case of one block per sequence with `block_size = max_model_len`.
 
 The model runner builds this record once per step, then the attention backend adds what its own
 kernels need (`torch_ref.TorchAttentionMetadata`, `triton_backend.TritonAttentionMetadata`), once
-per step too, in one place (`attention.metadata_builder`): every layer then reads the same record.
+per step too, in one place (`AttentionBackend.build_metadata`): every layer then reads the same record.
 """
 from __future__ import annotations
 

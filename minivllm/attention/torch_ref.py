@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .backend import AttentionBackend
 from .metadata import AttentionMetadata, NoCacheMetadata
 
 SDP_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
@@ -141,3 +142,15 @@ def attention_without_cache(q, k, v, meta: NoCacheMetadata, scale: float,
     mask = attention_mask(meta.lens, meta.lens, L, L, sliding_window, meta.valid)
     index = meta.padded_index
     return masked_attention(q[index], k[index], v[index], mask, scale).flatten(0, 1)[meta.unpad]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """The readable reference: index tensors and masks built once per step, then a padded gather and SDPA."""
+    name = "torch"
+
+    def build_metadata(self, meta: AttentionMetadata) -> TorchAttentionMetadata:
+        return TorchAttentionMetadata.build(meta, self.sliding_window)
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        return paged_attention(q, k_cache, v_cache, meta, scale)

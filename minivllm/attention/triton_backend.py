@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ..kernels import paged_decode_attention, paged_prefill_attention, store_kv
+from .backend import AttentionBackend
 from .metadata import AttentionMetadata
 
 
@@ -44,3 +45,16 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, sc
     decode = paged_decode_attention(q[:d], k_cache, v_cache, meta.block_tables[:d], meta.context_lens[:d],
                                     scale, sliding_window)
     return torch.cat([decode, prefill])
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """The fused kernels; a decode step through them has fixed shapes and no host sync, so CUDA graphs
+    can capture it."""
+    name = "triton"
+    supports_cuda_graphs = True
+
+    def build_metadata(self, meta: AttentionMetadata) -> TritonAttentionMetadata:
+        return TritonAttentionMetadata.build(meta)
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, scale: float) -> torch.Tensor:
+        return paged_attention(q, k, v, k_cache, v_cache, meta, scale, self.sliding_window)

@@ -1,9 +1,8 @@
-"""Tensor parallelism: one model over several GPUs (NCCL) or CPU processes (gloo).
+"""Tensor parallelism's state: which rank this process is, its group, and the collectives.
 
-`parallel_state` says which rank this process is and holds the collectives; `workers` starts, drives
-and stops the engine's worker processes. The split layers live with the model (`models.parallel_layers`).
+`parallel_state` is all of it. The layers that split a model live in `minivllm.layers.parallel`; the
+processes of the other ranks are started and driven by the executor (`minivllm.executor`).
 """
 from .parallel_state import tp_rank, tp_size
-from .workers import TensorParallelWorkers
 
-__all__ = ["TensorParallelWorkers", "tp_rank", "tp_size"]
+__all__ = ["tp_rank", "tp_size"]

@@ -58,10 +58,7 @@ STATS_INTERVAL_S = 0.1  # while busy, /metrics hears from the core at least this
 
 def make_engine(config: EngineConfig) -> LLMEngine:
     """The engine a core runs: no tokenizer (the frontend does the text), in the process holding the GPU."""
-    if os.environ.get("MINIVLLM_PROFILE") == "t4":  # a notebook under the T4 profile started this server
-        from ..notebook import setup
-        setup(profile="t4", quiet=True)
-    return LLMEngine(config, detokenize=False)
+    return LLMEngine.from_config(config, detokenize=False)
 
 
 def freeze_startup_objects() -> None:

@@ -8,7 +8,7 @@ round trip to the core (which checks again: it trusts nothing that arrives on a 
 """
 from __future__ import annotations
 
-from ..cache.block_manager import cdiv
+from ..core.block_manager import cdiv
 from ..sampling_params import SamplingParams
 
 

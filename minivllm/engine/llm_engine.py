@@ -1,6 +1,6 @@
 """LLMEngine: requests in, one scheduled step at a time, outputs out. vLLM's engine API.
 
-    >>> engine = LLMEngine(EngineConfig("smollm2-135m"))
+    >>> engine = LLMEngine.from_config(EngineConfig("smollm2-135m"))
     >>> engine.add_request("a", [1, 2, 3], SamplingParams(temperature=0, max_tokens=4))
     >>> while engine.has_unfinished_requests():
     ...     for out in engine.step():
@@ -35,98 +35,133 @@ nothing: other requests go on.
 from __future__ import annotations
 
 import warnings
-import weakref
 
 import torch
 
-from ..cache.block_manager import BlockManager
 from ..config import EngineConfig, resolve_dtype
+from ..core.block_manager import BlockManager
+from ..core.detokenizer import IncrementalDetokenizer
+from ..core.scheduler import Scheduler, SchedulerOutput
+from ..core.sequence import Sequence
 from ..distributed.parallel_state import check_divisible, tp_size
-from ..distributed.workers import TensorParallelWorkers
+from ..executor import Executor, make_executor
 from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
-from .detokenizer import IncrementalDetokenizer
+from ..worker.model_runner import ModelRunner, SampledTokens
 from .input_processor import InputProcessor
-from .model_runner import ModelRunner, SampledTokens
-from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Sequence
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # a step's token budget when chunking: big enough to keep the GPU busy
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, detokenize: bool = True):
-        self.config = config
-        source = resolve_model(config.model)
-        self.model_config = cfg = source.config
-        self.device = torch.device(config.device)
-        self.dtype = resolve_dtype(config.dtype, cfg, config.device)
-        self.max_model_len = config.max_model_len or cfg.max_position_embeddings
-        if self.max_model_len > cfg.max_position_embeddings:  # RoPE tables and the model stop there
-            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's "
-                             f"{cfg.max_position_embeddings} positions (max_position_embeddings)")
-        # Without detokenization (the engine core of a server: its frontend makes the text) no
-        # tokenizer is loaded, and requests arrive as token ids.
-        self.tokenizer = load_tokenizer(source.folder) if detokenize else None
+    """The step loop over its parts: a scheduler (the books), an executor (the model, on one rank or N) and
+    an input processor (requests checked at the door; its tokenizer, if any, also makes the outputs' text).
+    `from_config` builds the parts from an `EngineConfig`; tests and notebooks may compose their own."""
 
-        self.max_num_batched_tokens = config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    def __init__(self, config: EngineConfig, scheduler: Scheduler, executor: Executor, input_processor: InputProcessor):
+        self.config = config
+        self.scheduler = scheduler
+        self.executor = executor
+        self.input_processor = input_processor
+        # The step launched on the GPU whose tokens the host has not read yet (async scheduling).
+        self._in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, detokenize: bool = True) -> LLMEngine:
+        """Resolve the model, start the executor (and its worker processes), size the KV pool from a profiling
+        forward, allocate it, capture the CUDA graphs, and build the scheduler. Without `detokenize` (the
+        engine core of a server: its frontend makes the text) no tokenizer is loaded."""
+        source = resolve_model(config.model)
+        cfg = source.config
+        dtype = resolve_dtype(config.dtype, cfg, config.device)
+        max_model_len = config.max_model_len or cfg.max_position_embeddings
+        if max_model_len > cfg.max_position_embeddings:  # RoPE tables and the model stop there
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's "
+                             f"{cfg.max_position_embeddings} positions (max_position_embeddings)")
+        tokenizer = load_tokenizer(source.folder) if detokenize else None
+
+        max_num_batched_tokens = config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         if not config.enable_chunked_prefill:  # a whole prompt must fit in one step
-            self.max_num_batched_tokens = max(self.max_num_batched_tokens, self.max_model_len)
+            max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
         prefix_caching = config.enable_prefix_caching and config.enable_paged_kv
         if prefix_caching and cfg.sliding_window is not None:
             # As vLLM did: blocks released outside the window break the chain of cached prefix blocks.
             warnings.warn("prefix caching is turned off for models with a sliding window")
             prefix_caching = False
-        self.block_size = config.block_size if config.enable_paged_kv else self.max_model_len
+        block_size = config.block_size if config.enable_paged_kv else max_model_len
 
-        runner_args = dict(model_config=cfg, device=config.device, dtype=self.dtype, max_model_len=self.max_model_len,
-                           block_size=self.block_size, max_num_seqs=config.max_num_seqs,
-                           folder=None if config.load_format == "dummy" else source.folder, seed=config.seed,
-                           backend=config.attention_backend)
-        self.workers = None
         if tp_size() > 1:  # the layers read the group of this process: it can hold one split model only
             raise RuntimeError("a tensor-parallel engine is running in this process: shut it down "
                                "(LLM.shutdown()) before starting another engine")
         if config.tensor_parallel_size > 1:
             check_divisible(cfg.num_heads, cfg.num_kv_heads, config.tensor_parallel_size)  # before any process
-            self.workers = TensorParallelWorkers(config.tensor_parallel_size, config.device, runner_args)
-            # At exit, or when the engine is collected, the workers stop; the finalizer holds the workers
-            # only, not the engine, so a deleted engine's memory is freed.
-            self._stop_workers = weakref.finalize(self, self.workers.shutdown)
+        runner_args = dict(model_config=cfg, device=config.device, dtype=dtype, max_model_len=max_model_len,
+                           block_size=block_size, max_num_seqs=config.max_num_seqs,
+                           folder=None if config.load_format == "dummy" else source.folder, seed=config.seed,
+                           backend=config.attention_backend, gpu_memory_limit_bytes=config.gpu_memory_limit_bytes)
+        executor = make_executor(runner_args, config.tensor_parallel_size, config.device)
         try:  # a failure from here on stops the workers already started
-            self.runner = ModelRunner(**runner_args)
-            self.runner.workers = self.workers
-            if self.workers is not None:
-                self.workers.wait_ready()
-            num_blocks = self._num_kv_blocks()
-            self.runner.initialize_kv_cache(num_blocks)
-            if self.device.type == "cuda" and config.attention_backend == "triton" and not config.enforce_eager:
-                self.runner.capture_cuda_graphs()
+            if config.num_kv_blocks is not None:
+                num_blocks = config.num_kv_blocks * config.block_size // block_size
+            else:  # what fits after a profiling forward
+                num_blocks = executor.collective_rpc("num_kv_blocks_that_fit", config.gpu_memory_utilization,
+                                                     max_num_batched_tokens)
+            if num_blocks < 1:
+                raise ValueError(f"the KV cache holds less than one block of {block_size} tokens: "
+                                 "lower max_model_len or block_size, or give the cache more memory")
+            executor.collective_rpc("initialize_kv_cache", num_blocks)
+            runner = executor.runner
+            if runner.device.type == "cuda" and runner.attn_backend.supports_cuda_graphs and not config.enforce_eager:
+                executor.collective_rpc("capture_cuda_graphs")
         except BaseException:
-            self.shutdown()
+            executor.shutdown()
             raise
-        self.model = self.runner.model
-        self.scheduler = Scheduler(BlockManager(num_blocks, self.block_size, prefix_caching), config.max_num_seqs,
-                                   self.max_num_batched_tokens, self.max_model_len,
-                                   generation_eos_ids(cfg, source.folder), config.enable_chunked_prefill,
-                                   cfg.sliding_window, continuous=config.enable_continuous_batching)
-        self.input_processor = InputProcessor(self.tokenizer, cfg.vocab_size, self.max_model_len, self.block_size,
-                                              num_blocks, self.max_num_batched_tokens, cfg.sliding_window)
-        # The step launched on the GPU whose tokens the host has not read yet (async scheduling).
-        self._in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
+        scheduler = Scheduler(BlockManager(num_blocks, block_size, prefix_caching), config.max_num_seqs,
+                              max_num_batched_tokens, max_model_len, generation_eos_ids(cfg, source.folder),
+                              config.enable_chunked_prefill, cfg.sliding_window,
+                              continuous=config.enable_continuous_batching)
+        input_processor = InputProcessor(tokenizer, cfg.vocab_size, max_model_len, block_size, num_blocks,
+                                         max_num_batched_tokens, cfg.sliding_window)
+        return cls(config, scheduler, executor, input_processor)
 
-    def _num_kv_blocks(self) -> int:
-        """KV capacity: what the user asked for, or what fits after a profiling forward."""
-        config = self.config
-        if config.num_kv_blocks is not None:
-            num_blocks = config.num_kv_blocks * config.block_size // self.block_size
-        else:
-            num_blocks = self.runner.num_kv_blocks_that_fit(config.gpu_memory_utilization, self.max_num_batched_tokens)
-        if num_blocks < 1:
-            raise ValueError(f"the KV cache holds less than one block of {self.block_size} tokens: "
-                             "lower max_model_len or block_size, or give the cache more memory")
-        return num_blocks
+    # ---- what the parts know -------------------------------------------------------------
+    @property
+    def runner(self) -> ModelRunner:
+        """Rank 0's model runner, the one in this process."""
+        return self.executor.runner
+
+    @property
+    def model(self):
+        return self.runner.model
+
+    @property
+    def model_config(self):
+        return self.runner.model_config
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runner.dtype
+
+    @property
+    def tokenizer(self):
+        return self.input_processor.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_model_len
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.scheduler.max_num_batched_tokens
+
+    @property
+    def block_size(self) -> int:
+        return self.scheduler.blocks.block_size
 
     @property
     def block_manager(self) -> BlockManager:
@@ -191,8 +226,8 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output:
             return None
-        logits = self.runner.execute_model(scheduler_output)
-        return scheduler_output, self.runner.sample(logits, scheduler_output)
+        logits = self.executor.execute_model(scheduler_output)
+        return scheduler_output, self.executor.sample(logits, scheduler_output)
 
     def _process(self, launched: tuple[SchedulerOutput, SampledTokens]) -> list[RequestOutput]:
         """Update -> outputs: wait for the step's tokens, put them in the books, grow the text."""
@@ -215,8 +250,7 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (nothing to do with one rank). The engine is unusable after."""
-        if self.workers is not None:
-            self._stop_workers()  # runs the workers' shutdown once, however often it is called
+        self.executor.shutdown()
 
     def get_stats(self) -> dict:
         return {

@@ -17,10 +17,10 @@ import asyncio
 import collections
 import time
 
+from ..core.detokenizer import IncrementalDetokenizer
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
 from .core_messages import EngineCoreOutputs
-from .detokenizer import IncrementalDetokenizer
 
 
 class RequestState:

@@ -5,7 +5,7 @@ torch that is several passes over [T, H] (the add, the square-and-mean, the scal
 weight), each reading and writing the whole activation. This kernel reads x and residual once
 and writes twice (the normed output and the new residual), in a single launch.
 
-Same numbers as `minivllm.models.layers.RMSNorm`: the statistics in float32, the normed row
+Same numbers as `minivllm.layers.basic.RMSNorm`: the statistics in float32, the normed row
 rounded to x's dtype, then multiplied by the weight.
 
     >>> out = rms_norm(x, norm.weight, norm.eps)                         # x [T, H]

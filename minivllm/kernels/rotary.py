@@ -6,7 +6,7 @@ program per token loads its cos/sin row once, rotates all its query and key head
 registers and writes them back where they were: q and k are read once and written once.
 
 q and k may be strided views into the packed qkv projection (no copy is needed first).
-Same "rotate half" layout and float32 math as `minivllm.models.layers.RotaryEmbedding`.
+Same "rotate half" layout and float32 math as `minivllm.layers.basic.RotaryEmbedding`.
 
     >>> q = qkv[:, :Hq * D].view(T, Hq, D)                  # a view, not contiguous
     >>> k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)

@@ -25,14 +25,15 @@ import torch
 ENV_VAR = "MINIVLLM_KERNEL_CAPABILITY"
 
 
+@functools.cache  # asked at every kernel launch of every layer: decided once per device, then looked up
 def kernel_capability(device: torch.device) -> tuple[int, int]:
     """(major, minor) to choose a CUDA device's launch settings for: MINIVLLM_KERNEL_CAPABILITY
-    ("7.5") when set, else the device's own capability. Read at every call (a dictionary look-up),
-    so a test or notebook can change the variable at any time."""
+    ("7.5") when set, else the device's own capability. Decided the first time a device is asked
+    about: set the variable before the first launch (a test that changes it calls `cache_clear()`)."""
     override = os.environ.get(ENV_VAR)
     if override:
         return parse_capability(override)
-    return _device_capability(device)
+    return torch.cuda.get_device_capability(device)
 
 
 def parse_capability(text: str) -> tuple[int, int]:
@@ -41,8 +42,3 @@ def parse_capability(text: str) -> tuple[int, int]:
     if not (dot and major.isdigit() and minor.isdigit()):
         raise ValueError(f"{ENV_VAR} must look like 7.5 or 9.0, not {text!r}")
     return int(major), int(minor)
-
-
-@functools.cache  # asked at every kernel call of every layer: the hardware's answer never changes
-def _device_capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)

@@ -15,7 +15,8 @@ that an engine needs:
   layer add up the partial results. Outside a group (N = 1) they are the plain layers.
 
 The backend ("torch" or "triton") is chosen when the model is built: every `CustomOp` layer (norms,
-rotary, activation, attention) binds its torch or its Triton forward once.
+rotary, activation) binds its torch or its Triton forward once, and every attention layer shares one
+attention backend object (`model.attn_backend`), which also builds each step's metadata.
 
     >>> model = LlamaForCausalLM(cfg, max_positions=512, backend="triton")
     >>> hidden = model(input_ids, positions, meta)          # [T, hidden_size]
@@ -26,12 +27,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import Attention
+from ..attention import Attention, AttentionBackend, get_attention_backend
 from ..config import ModelConfig
 from ..distributed.parallel_state import check_divisible, kv_heads_per_rank, tp_rank, tp_size
-from .custom_op import CustomOp
-from .layers import RMSNorm, RotaryEmbedding, SiluAndMul
-from .parallel_layers import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
+from ..layers.basic import RMSNorm, RotaryEmbedding, SiluAndMul
+from ..layers.custom_op import CustomOp
+from ..layers.parallel import ColumnParallelLinear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 
 # checkpoint name -> (packed parameter, shard index)
 PACKED_WEIGHTS = {
@@ -43,7 +44,7 @@ PACKED_WEIGHTS = {
 class LlamaAttention(nn.Module):
     """This rank's attention heads: its share of the query heads, and the KV heads they read."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, attn_backend: AttentionBackend):
         super().__init__()
         n, rank, d = tp_size(), tp_rank(), cfg.head_dim
         check_divisible(cfg.num_heads, cfg.num_kv_heads, n)
@@ -59,7 +60,7 @@ class LlamaAttention(nn.Module):
             (full_kv, first_kv_head * d, self.kv_size)], bias=cfg.attention_bias)
         self.o_proj = RowParallelLinear(full_q, cfg.hidden_size, bias=cfg.attention_bias)
         self.rotary = RotaryEmbedding(d, max_positions, cfg.rope_theta, cfg.rope_scaling)
-        self.attn = Attention(num_heads, num_kv_heads, d, cfg.sliding_window)
+        self.attn = Attention(num_heads, num_kv_heads, d, attn_backend)
 
     def forward(self, positions, x, meta):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -88,10 +89,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, attn_backend: AttentionBackend):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, max_positions)
+        self.self_attn = LlamaAttention(cfg, max_positions, attn_backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
@@ -107,10 +108,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_positions: int, attn_backend: AttentionBackend):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, max_positions) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, max_positions, attn_backend)
+                                    for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, meta):
@@ -127,7 +129,8 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int | None = None, backend: str = "torch"):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, max_positions or cfg.max_position_embeddings)
+        self.attn_backend = get_attention_backend(backend, cfg.sliding_window)
+        self.model = LlamaModel(cfg, max_positions or cfg.max_position_embeddings, self.attn_backend)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -1,8 +1,8 @@
 """What serving costs over the offline engine: the same streams, offline and through the HTTP server.
 
-    python -m minivllm.bench.serve_overhead                          # 256 streams x 64 tokens, both modes
-    python -m minivllm.bench.serve_overhead --modes thread --plot figures/13_engine_core_process.png
-    python -m minivllm.bench.serve_overhead --smoke                  # 8 streams x 8 tokens (tests, CI)
+    python -m minivllm_lab.bench.serve_overhead                          # 256 streams x 64 tokens, both modes
+    python -m minivllm_lab.bench.serve_overhead --modes thread --plot figures/13_engine_core_process.png
+    python -m minivllm_lab.bench.serve_overhead --smoke                  # 8 streams x 8 tokens (tests, CI)
 
 A tiny random Llama (2 layers, hidden 64) keeps the arithmetic small, so the Python around it is a
 large share of each step: scheduling, detokenizing, and in the server the HTTP frontend (parsing
@@ -65,7 +65,8 @@ COLUMNS = ["run", "output_tokens", "output_tok_s", "vs_offline", "itl_p50_ms", "
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minivllm.bench.serve_overhead", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m minivllm_lab.bench.serve_overhead",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", type=int, default=256, help="requests at once (and max_num_seqs)")
     p.add_argument("--output-len", type=int, default=64, help="tokens per stream")
     p.add_argument("--min-prompt", type=int, default=16)
@@ -118,8 +119,8 @@ def offline_runner(args, folder: Path):
     """An LLM on the same engine as the servers; returns a function that times one offline run."""
     import torch
 
-    from .. import LLM, SamplingParams
-    from ..engine.core import freeze_startup_objects
+    from minivllm import LLM, SamplingParams
+    from minivllm.engine.core import freeze_startup_objects
 
     torch.set_num_threads(args.threads)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
@@ -185,7 +186,7 @@ def median_run(runs: list[dict]) -> dict:
 def measure(args, folder: Path, prompts: list[list[int]]) -> list[dict]:
     """Offline and every served run, `--repeats` rounds, interleaved: a machine that slows down for a
     while (a shared VM, a CPU that warms up) slows every row alike, and each row is its median."""
-    from ..server.launcher import running_server
+    from minivllm.server.launcher import running_server
 
     with contextlib.ExitStack() as stack:
         offline = offline_runner(args, folder)
@@ -253,7 +254,7 @@ def main(argv=None) -> dict:
                  max_prompt=args.max_prompt, seed=args.seed, torch_threads=args.threads, cpu_count=os.cpu_count(),
                  repeats=args.repeats)
     result = {"hardware": hardware_name(), "model": MODEL_CONFIG, "engine_args": engine_args(args), "sizes": sizes,
-              "command": [sys.executable, "-m", "minivllm.bench.serve_overhead", *(sys.argv[1:] if argv is None
+              "command": [sys.executable, "-m", "minivllm_lab.bench.serve_overhead", *(sys.argv[1:] if argv is None
                                                                                     else argv)],
               "rows": rows}
     print(f"results: {save_json(args.out, result)}")

@@ -1,8 +1,8 @@
 """Tensor parallelism measured: at each tensor-parallel size, in one run, batch-1 decode latency,
 W2 throughput, and what the all-reduces cost.
 
-    python -m minivllm.bench.tensor_parallel --sizes 1,2       # the Mistral-7B shape on 1 and 2 GPUs
-    python -m minivllm.bench.tensor_parallel --smoke           # seconds: SmolLM2 on CPU processes (gloo)
+    python -m minivllm_lab.bench.tensor_parallel --sizes 1,2       # the Mistral-7B shape on 1 and 2 GPUs
+    python -m minivllm_lab.bench.tensor_parallel --smoke           # seconds: SmolLM2 on CPU processes (gloo)
 
 On a GPU the model is the Mistral-7B shape with dummy weights (the speed does not depend on their
 values); on a CPU, the real SmolLM2-135M (9 query heads and 3 KV heads: sizes 1 and 3 divide them).
@@ -25,13 +25,14 @@ from pathlib import Path
 
 import torch
 
-from ..config import DTYPE_NAMES
-from ..llm import LLM
-from ..models.loader import resolve_model
-from ..notebook import free_memory
+from minivllm.config import DTYPE_NAMES
+from minivllm.llm import LLM
+from minivllm.models.loader import resolve_model
+
+from ..machine import free_memory
 from . import runners
 from .metrics import format_table, hardware_name, median, percentile, save_json
-from .profile import decode_step_times_ms
+from .profile import decode_step_times_ms, time_all_reduce
 from .workloads import w2
 
 
@@ -60,7 +61,7 @@ def measure_size(model: str, tp: int, engine_args: dict, context: int, steps: in
         row = {"tp": tp, "batch1_ms": median(times), "batch1_p90_ms": percentile(times, 90)}
         row["batch1_tok_s"] = 1e3 / row["batch1_ms"]
         if tp > 1:
-            reduce_ms = median(llm.llm_engine.runner.time_all_reduce(1))
+            reduce_ms = median(llm.llm_engine.executor.collective_rpc(time_all_reduce, 1))
             row["all_reduce_ms"] = reduce_ms
             row["all_reduce_share"] = (2 * cfg.num_layers + 1) * reduce_ms / row["batch1_ms"]
         w2_stats = runners.run_minivllm(llm, work, engine=f"minivllm tp={tp}")
@@ -74,7 +75,7 @@ def measure_size(model: str, tp: int, engine_args: dict, context: int, steps: in
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minivllm.bench.tensor_parallel", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m minivllm_lab.bench.tensor_parallel", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="default: mistral-7b (dummy weights) on a GPU, smollm2-135m on CPU")
     p.add_argument("--sizes", default=None, help="tensor-parallel sizes, comma-separated (default: 1,2 / CPU 1,3)")
     p.add_argument("--device", default=None)

@@ -15,9 +15,11 @@ from unittest import mock
 
 import torch
 
-from ..engine.model_runner import SampledTokens
-from ..sampling_params import SamplingParams
-from .metrics import median
+from minivllm.distributed.parallel_state import all_reduce
+from minivllm.sampling_params import SamplingParams
+from minivllm.worker.model_runner import SampledTokens
+
+from .metrics import cuda_time_ms, median
 
 HOST_LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                      "cudaGraphLaunch"}
@@ -164,3 +166,14 @@ def decode_timeline(llm, batch: int, context: int, steps: int = 4) -> dict:
                                  and e.device_type == torch.autograd.DeviceType.CPU)),
             "gpu": _merged(to_ms(spans(lambda e: e.device_type == torch.autograd.DeviceType.CUDA
                                        and e.time_range.start >= t0)))}
+
+
+@torch.inference_mode()
+def time_all_reduce(runner, num_tokens: int, repeats: int = 20) -> list[float]:
+    """Milliseconds of each of `repeats` all-reduces of a [num_tokens, hidden_size] activation, the
+    collective a row-parallel layer ends with. Every rank must run it at once, so it goes through
+    the executor: `llm.llm_engine.executor.collective_rpc(time_all_reduce, num_tokens)` (it is pickled
+    by reference for the workers: it must live in an importable module, not in `__main__`)."""
+    # zeros: summed in place call after call, they stay zeros (ones would grow by N each time)
+    x = torch.zeros(num_tokens, runner.model_config.hidden_size, dtype=runner.dtype, device=runner.device)
+    return cuda_time_ms(lambda: all_reduce(x), repeats=repeats, device=runner.device)

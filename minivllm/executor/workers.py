@@ -3,16 +3,17 @@
 `LLM(model, tensor_parallel_size=N)` runs in one process, rank 0: it schedules, samples and talks
 to users, and runs its slice of the model. It starts N - 1 worker processes (ranks 1 .. N-1), each
 with a `ModelRunner` holding its slice of the weights and of the KV cache, on its own GPU (or CPU).
-A worker does only what rank 0 tells it: rank 0 writes `(method name, arguments)` to every worker's
-stdin, and every worker calls that method of its runner; inside it the collectives of the forward
+A worker does only what rank 0 tells it: rank 0 writes `(method, arguments)` to every worker's
+stdin (a runner method's name, or a function of the runner, pickled by reference), and every worker
+calls it on its runner; inside it the collectives of the forward
 (all-reduce, all-gather, the batch's broadcast) meet those of rank 0. So the same scheduler decision
 runs everywhere, and nothing but rank 0 ever decides anything. (The commands go through a pipe, not a
 collective: a worker may wait for the next one for hours without a timeout, and when rank 0's process
 ends, however it ends, the pipe closes and the worker leaves.)
 
     >>> workers = TensorParallelWorkers(2, "cpu", runner_args)   # this process becomes rank 0
-    >>> runner = ModelRunner(**runner_args); runner.workers = workers; workers.wait_ready()
-    >>> workers.call("initialize_kv_cache", 64)    # (what `@on_every_rank` does for the runner)
+    >>> runner = ModelRunner(**runner_args); workers.wait_ready()
+    >>> workers.call("initialize_kv_cache", 64); runner.initialize_kv_cache(64)   # (what the executor does)
     >>> workers.shutdown()
 
 Failure: a worker that cannot start sends its traceback back (rank 0 raises it); one that dies later
@@ -34,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from .parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from ..distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from ..worker.model_runner import ModelRunner
 
 STARTUP_TIMEOUT_S = 600  # loading a slice of a big checkpoint, compiling kernels
 
@@ -56,14 +58,14 @@ class TensorParallelWorkers:
         device_type = torch.device(device).type
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         self.broken: str | None = None  # why the group can no longer run, once it cannot
-        # Each worker is a fresh `python -m minivllm.distributed`, not a multiprocessing child:
+        # Each worker is a fresh `python -m minivllm.executor`, not a multiprocessing child:
         # nothing of the user's script is imported again, so it needs no `if __name__ == "__main__"`
         # guard, and a notebook works the same. Its start-up arguments arrive pickled on stdin.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
         self.processes: dict[int, subprocess.Popen] = {}
         for rank in range(1, world_size):
-            process = subprocess.Popen([sys.executable, "-m", "minivllm.distributed"], env=env,
+            process = subprocess.Popen([sys.executable, "-m", "minivllm.executor"], env=env,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             self.processes[rank] = process
             self._send(process, (rank, world_size, init_method, device_type,
@@ -106,7 +108,7 @@ class TensorParallelWorkers:
                                    f"{process.returncode}: the engine cannot run without it; shut it down "
                                    "(LLM.shutdown()) and start a new one")
 
-    def call(self, method: str, *args, **kwargs) -> None:
+    def call(self, method, *args, **kwargs) -> None:
         """Every worker's runner runs `method(*args, **kwargs)` (rank 0 runs it too, right after)."""
         self.check_alive()
         for process in self.processes.values():
@@ -146,6 +148,13 @@ class TensorParallelWorkers:
         destroy_tensor_parallel()
 
 
+def call_on_runner(runner: ModelRunner, method, args, kwargs):
+    """`method` is a runner method's name, or a function called as `method(runner, *args, **kwargs)`."""
+    if isinstance(method, str):
+        return getattr(runner, method)(*args, **kwargs)
+    return method(runner, *args, **kwargs)
+
+
 def worker_main(reply) -> None:
     """A worker's whole life: join the group, build its runner, run what rank 0 sends.
     `reply` is the line back to rank 0 (the process's original stdout)."""
@@ -156,7 +165,6 @@ def worker_main(reply) -> None:
     commands = sys.stdin.buffer
     try:
         rank, world_size, init_method, device_type, runner_args = pickle.load(commands)
-        from ..engine.model_runner import ModelRunner  # here: the engine imports this module
         if device_type == "cuda":
             torch.cuda.set_device(runner_args["device"])
         else:  # share the cores with the other ranks rather than all fight over all of them
@@ -180,6 +188,6 @@ def worker_main(reply) -> None:
                 break
             if method == "exit":
                 break
-            getattr(runner, method)(*args, **kwargs)
+            call_on_runner(runner, method, args, kwargs)
     finally:
         destroy_tensor_parallel()

@@ -1,8 +1,8 @@
 """The benchmark CLI: engines side by side on W1, W2 and W3-offline, in one process, one table, one plot.
 
-    python -m minivllm.bench --workload w1,w2,w3-offline --ablation   # every workload and the ablation
-    python -m minivllm.bench --engines minivllm,hf-static              # a subset, W1
-    python -m minivllm.bench --smoke --ablation                        # seconds, on any machine
+    python -m minivllm_lab.bench --workload w1,w2,w3-offline --ablation   # every workload and the ablation
+    python -m minivllm_lab.bench --engines minivllm,hf-static              # a subset, W1
+    python -m minivllm_lab.bench --smoke --ablation                        # seconds, on any machine
 
 The model follows the device: Mistral-7B's shape with dummy weights on a GPU, the real SmolLM2-135M
 on a CPU (--model chooses another). Results go to bench-results/ under the current directory (--out
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
+from minivllm.llm import LLM
+from minivllm.models.loader import resolve_model
+
 from ..baselines import hf_model_for
-from ..llm import LLM
-from ..models.loader import resolve_model
-from ..notebook import free_memory
-from ..utils import default_model
+from ..machine import default_model, free_memory
 from . import roofline, runners
 from .metrics import format_table, hardware_name, median, save_json
 from .plots import plot_bench
@@ -78,7 +78,7 @@ COLUMNS = ["engine", "workload", "num_requests", "output_tokens", "wall_s", "out
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minivllm.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m minivllm_lab.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None,
                    help="a preset, folder or hub id. Default: mistral-7b (Mistral-7B's shape, dummy weights) on "
                         "a GPU; smollm2-135m (real weights, works offline) on a CPU, where the Mistral shape would "

@@ -1,9 +1,9 @@
 """The serving benchmark: load-test any OpenAI-compatible server with W3 at a sweep of request rates.
 
-    python -m minivllm.bench.serve --label minivllm --request-rate 1,2,4,8,inf     # against :8000
-    python -m minivllm.bench.serve --endpoint chat --label transformers --extra-body '{"ignore_eos": true}'
-    python -m minivllm.bench.serve --smoke                                          # 8 tiny requests
-    python -m minivllm.bench.serve plot a.json b.json --out figures/13_serving.png  # servers side by side
+    python -m minivllm_lab.bench.serve --label minivllm --request-rate 1,2,4,8,inf     # against :8000
+    python -m minivllm_lab.bench.serve --endpoint chat --label transformers --extra-body '{"ignore_eos": true}'
+    python -m minivllm_lab.bench.serve --smoke                                          # 8 tiny requests
+    python -m minivllm_lab.bench.serve plot a.json b.json --out figures/13_serving.png  # servers side by side
 
 Offline throughput is a batch job's number; a service is judged at a request rate, by how long each
 user waits. So requests are sent as customers come (Poisson arrivals, or all at once), streamed,
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import httpx
 
-from ..utils import progress
+from minivllm.utils import progress
+
 from .metrics import format_table, hardware_name, save_json
 from .serve_client import ENDPOINTS, chat_payload, completions_payload, raise_open_file_limit, send_request
 from .serve_plot import plot_serving
@@ -39,7 +40,7 @@ SUMMARY_COLUMNS = ["rate", "successful", "failed", "request_throughput_req_s", "
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minivllm.bench.serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m minivllm_lab.bench.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="default: the first model of GET /v1/models")
     p.add_argument("--endpoint", choices=list(ENDPOINTS), default="completions",
@@ -142,7 +143,7 @@ async def benchmark(args) -> dict:
 
 
 def plot_main(argv) -> None:
-    p = argparse.ArgumentParser(prog="python -m minivllm.bench.serve plot",
+    p = argparse.ArgumentParser(prog="python -m minivllm_lab.bench.serve plot",
                                 description="TTFT and TPOT vs request rate of several servers, on one figure")
     p.add_argument("results", nargs="+", help="JSON files written by the benchmark")
     p.add_argument("--out", required=True, help="PNG path")

@@ -1,4 +1,4 @@
-"""`python -m minivllm.distributed`: one worker rank of a tensor-parallel engine (the engine starts it).
+"""`python -m minivllm.executor`: one worker rank of a tensor-parallel engine (the engine starts it).
 
 Its stdout is the line back to rank 0, so it is set aside first, and anything the worker prints
 goes to stderr instead."""

@@ -10,10 +10,11 @@ Shapes are frozen at capture, hence the rules here:
   Triton kernels skip;
 - a step's inputs are copied into the graph's buffers, then the graph is replayed;
 - only decode-only steps use graphs (prefill shapes vary too much to capture) and only with
-  the Triton backend (the torch reference sizes its tensors from the step's longest context).
+  a backend that `supports_cuda_graphs`: the Triton one (the torch reference sizes its tensors from
+  the step's longest context).
 
     >>> graphs = DecodeGraphs(model, max_batch=256, max_blocks_per_seq=64, block_size=16, device="cuda",
-    ...                       build_metadata=TritonAttentionMetadata.build)
+    ...                       build_metadata=model.attn_backend.build_metadata)
     >>> logits = graphs.run(input_ids, positions, meta)   # a decode-only step of <= max_batch sequences
 """
 from __future__ import annotations

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .attention import NoCacheMetadata
-from .utils import progress
+from minivllm.attention import NoCacheMetadata
+from minivllm.utils import progress
 
 
 @torch.inference_mode()
@@ -45,7 +45,7 @@ def hf_model_for(source, device, dtype):
     from transformers import AutoConfig, AutoModelForCausalLM
     if source.folder is not None:
         return AutoModelForCausalLM.from_pretrained(source.folder, dtype=dtype).to(device).eval()
-    from .models.presets import PRESETS
+    from minivllm.models.presets import PRESETS
     preset = next(p for p in PRESETS.values() if p.config is not None and
                   p.config["hidden_size"] == source.config.hidden_size and
                   p.config["num_hidden_layers"] == source.config.num_layers)

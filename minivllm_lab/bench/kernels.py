@@ -4,8 +4,8 @@ and do little arithmetic, so their limit is bandwidth: achieved GB/s = bytes tha
 against the bandwidth of a device-to-device copy. Prefill attention is arithmetic: achieved TFLOP/s
 against the measured matmul rate.
 
-    python -m minivllm.bench.kernels              # a GPU run: table, JSON and plot in figures/
-    python -m minivllm.bench.kernels --smoke      # tiny shapes, any machine (CPU: Triton's interpreter)
+    python -m minivllm_lab.bench.kernels              # a GPU run: table, JSON and plot in figures/
+    python -m minivllm_lab.bench.kernels --smoke      # tiny shapes, any machine (CPU: Triton's interpreter)
 
 Run on a CPU, set TRITON_INTERPRET=1 before anything imports triton (the CLI does it for you).
 """
@@ -106,23 +106,23 @@ def _lazy(make, *args):
 
 
 def _rmsnorm(t, h, dtype, device):
-    from ..kernels import rms_norm
-    from ..models.layers import RMSNorm
+    from minivllm.kernels import rms_norm
+    from minivllm.layers.basic import RMSNorm
     x, res = torch.randn(t, h, dtype=dtype, device=device), torch.randn(t, h, dtype=dtype, device=device)
     norm = RMSNorm(h, 1e-5).to(device=device, dtype=dtype)
     return lambda: rms_norm(x, norm.weight, 1e-5, res), lambda: norm(x, res)
 
 
 def _silu(t, ffn, dtype, device):
-    from ..kernels import silu_and_mul
-    from ..models.layers import silu_and_mul as silu_and_mul_ref
+    from minivllm.kernels import silu_and_mul
+    from minivllm.layers.basic import silu_and_mul as silu_and_mul_ref
     gate_up = torch.randn(t, 2 * ffn, dtype=dtype, device=device)
     return lambda: silu_and_mul(gate_up), lambda: silu_and_mul_ref(gate_up)
 
 
 def _rotary(t, hq, hkv, d, dtype, device):
-    from ..kernels import apply_rotary_
-    from ..models.layers import RotaryEmbedding
+    from minivllm.kernels import apply_rotary_
+    from minivllm.layers.basic import RotaryEmbedding
     rope = RotaryEmbedding(d, 8192, 1e6).to(device)
     qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=dtype, device=device)  # q and k: strided views, as in the model
     q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
@@ -132,8 +132,8 @@ def _rotary(t, hq, hkv, d, dtype, device):
 
 
 def _store(t, hkv, d, dtype, device):
-    from ..attention import torch_ref
-    from ..kernels import store_kv
+    from minivllm.attention import torch_ref
+    from minivllm.kernels import store_kv
     k_cache, v_cache, _ = _paged_cache(-(-t // BLOCK), BLOCK, hkv, d, BLOCK, dtype, device)
     k, v = torch.randn(t, hkv, d, dtype=dtype, device=device), torch.randn(t, hkv, d, dtype=dtype, device=device)
     slots = torch.randperm(t, device=device)
@@ -142,8 +142,8 @@ def _store(t, hkv, d, dtype, device):
 
 
 def _decode(batch, context, hq, hkv, d, dtype, device):
-    from ..attention import AttentionMetadata, torch_ref
-    from ..kernels import paged_decode_attention
+    from minivllm.attention import AttentionMetadata, torch_ref
+    from minivllm.kernels import paged_decode_attention
     k_cache, v_cache, tables = _paged_cache(batch, context, hkv, d, BLOCK, dtype, device)
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     q = torch.randn(batch, hq, d, dtype=dtype, device=device)
@@ -156,8 +156,8 @@ def _decode(batch, context, hq, hkv, d, dtype, device):
 
 
 def _prefill(n, hq, hkv, d, dtype, device):
-    from ..attention import AttentionMetadata, torch_ref
-    from ..kernels import paged_prefill_attention
+    from minivllm.attention import AttentionMetadata, torch_ref
+    from minivllm.kernels import paged_prefill_attention
     k_cache, v_cache, tables = _paged_cache(1, n, hkv, d, BLOCK, dtype, device)
     q = torch.randn(n, hq, d, dtype=dtype, device=device)
     cu = torch.tensor([0, n], dtype=torch.int32, device=device)
@@ -255,14 +255,14 @@ COLUMNS = ["kernel", "size", "triton_ms", "torch_ms", "speedup", "triton_GBps", 
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m minivllm.bench.kernels", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m minivllm_lab.bench.kernels", description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="tiny shapes, any machine")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--out", default=None, help="JSON path (default: figures/10_kernels.json; the plot beside it)")
     args = p.parse_args(argv)
     if args.smoke:
         os.environ["MINIVLLM_SMOKE"] = "1"  # figures go to a scratch folder
-    from ..utils import figures_dir
+    from ..machine import figures_dir
     from .metrics import format_table, save_json
     result = run_kernel_bench(dtype=getattr(torch, args.dtype), smoke=args.smoke)
     print(result["hardware"])

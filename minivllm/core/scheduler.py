@@ -42,7 +42,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..cache.block_manager import BlockManager
+from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
 
 

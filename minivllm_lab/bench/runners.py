@@ -10,8 +10,9 @@ and times the whole run with a synchronising timer.
 """
 from __future__ import annotations
 
+from minivllm.sampling_params import SamplingParams
+
 from .. import baselines
-from ..sampling_params import SamplingParams
 from .metrics import Timer, summarize
 from .workloads import Workload
 

@@ -8,8 +8,8 @@ no tokenizer, work with dummy weights of any shape, and pin the prompt lengths e
 - W2, nano-vllm's offline benchmark: 256 requests, prompt and output lengths each uniform in [100, 1024],
   drawn exactly as nano-vllm draws them, so its published totals (133,966 output tokens) match.
 - W3, serving the post's 1000 customers: 1000 requests that share one 128-token system prompt, each
-  followed by its own user part of 16 to 256 tokens, 150 output tokens each (``python -m minivllm.bench.serve``).
-- W3-offline: W3's requests all submitted at t=0, one offline generate (``python -m minivllm.bench``).
+  followed by its own user part of 16 to 256 tokens, 150 output tokens each (``python -m minivllm_lab.bench.serve``).
+- W3-offline: W3's requests all submitted at t=0, one offline generate (``python -m minivllm_lab.bench``).
 
 Run them with ``ignore_eos=True`` so every request produces exactly ``max_tokens`` tokens; otherwise
 random weights stop at random places and the token count is no longer the workload's.

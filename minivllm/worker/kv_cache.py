@@ -30,19 +30,15 @@ def allocate_kv_cache(cfg: ModelConfig, num_blocks: int, block_size: int, dtype,
             for _ in range(cfg.num_layers)]
 
 
-def kv_cache_budget_bytes(device, gpu_memory_utilization: float) -> int:
+def kv_cache_budget_bytes(device, gpu_memory_utilization: float, gpu_memory_limit_bytes: int | None = None) -> int:
     """Bytes the KV cache may take: on a GPU, the share of its memory the user granted, minus
-    what the weights and a profiling forward already took (the caller runs that forward first)."""
+    what the weights and a profiling forward already took (the caller runs that forward first).
+    With `gpu_memory_limit_bytes` the GPU is taken to have that much memory, all of it this engine's."""
     if torch.device(device).type != "cuda":
         return CPU_KV_CACHE_BYTES
     free, total = torch.cuda.mem_get_info(device)
     peak = torch.cuda.max_memory_allocated(device)
-    get_fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
-    index = torch.device(device).index
-    cap = get_fraction(torch.cuda.current_device() if index is None else index) if get_fraction else 1.0
-    if cap < 1:
-        # A process with a memory cap (the T4 profile) owns its share: other processes on the GPU
-        # do not shrink it, so several capped processes can share one big GPU; it never gets more.
-        return int(total * min(gpu_memory_utilization, cap) - peak)
+    if gpu_memory_limit_bytes is not None:
+        return int(min(total, gpu_memory_limit_bytes) * gpu_memory_utilization - peak)
     used_by_others = total - free - torch.cuda.memory_reserved(device)
     return int(total * gpu_memory_utilization - used_by_others - peak)

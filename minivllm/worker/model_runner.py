@@ -16,30 +16,28 @@ Nothing here waits for the GPU, so that the CPU can prepare step n+1 while the G
   only the engine waits for (`SampledTokens.tolist`), once the next step is queued.
 
 With tensor parallelism (`tensor_parallel_size=N`) there is one runner per rank, each with its slice
-of the model and of the KV cache. Rank 0's runner, in the engine's process, does all the book-keeping;
-a method marked `@on_every_rank` is also run, with the same arguments, by the runners of the worker
-processes (`distributed.workers`), so that the collectives inside it meet. The batch itself travels
-as one int64 tensor, broadcast from rank 0's device to the others'. Only rank 0 samples. If a call
-fails on rank 0 after the workers have started it, the ranks are out of step: the workers are stopped
-and the engine reports why at its next call.
+of the model and of the KV cache, and the executor (`minivllm.executor`) makes every rank run the same
+method with the same arguments, so that the collectives inside meet. A runner knows nothing of the other
+ranks' processes: the only trace of them here is the batch, which travels as one int64 tensor broadcast
+from rank 0's device to the others' (`execute_batch`), and the KV pool's size, the smallest any rank can
+hold. Only rank 0 samples.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..attention import AttentionMetadata, NoCacheMetadata, metadata_builder
-from ..cache.block_manager import cdiv
-from ..cache.kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
-from ..distributed.parallel_state import all_reduce, cpu_group, tp_size
+from ..attention import AttentionMetadata, NoCacheMetadata
+from ..core.block_manager import cdiv
+from ..core.scheduler import SchedulerOutput
+from ..distributed.parallel_state import cpu_group, tp_size
 from ..models.loader import build_model
 from .block_table import BlockTable
 from .cuda_graphs import DecodeGraphs
+from .kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
 from .sampler import Sampler
-from .scheduler import SchedulerOutput
 
 
 class SampledTokens:
@@ -77,22 +75,9 @@ class BatchLayout:
     max_decode_context_len: int
 
 
-def on_every_rank(method):
-    """Rank 0 runs the method; in a tensor-parallel group every worker's runner runs it too, with the
-    same arguments."""
-    @functools.wraps(method)
-    def run_everywhere(self, *args, **kwargs):
-        if self.workers is None:
-            return method(self, *args, **kwargs)
-        self.workers.call(method.__name__, *args, **kwargs)
-        return self.run_in_step(method, *args, **kwargs)
-    return run_everywhere
-
-
 class ModelRunner:
     def __init__(self, model_config, device, dtype, max_model_len: int, block_size: int, max_num_seqs: int,
-                 folder=None, seed: int = 0, backend: str = "torch"):
-        self.workers = None  # rank 0 of a tensor-parallel group: the other ranks (`TensorParallelWorkers`)
+                 folder=None, seed: int = 0, backend: str = "torch", gpu_memory_limit_bytes: int | None = None):
         self.model_config = model_config
         self.device = torch.device(device)
         if self.device.type == "cuda" and tp_size() > 1:  # each rank's streams and graphs on its own GPU
@@ -101,8 +86,9 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
+        self.gpu_memory_limit_bytes = gpu_memory_limit_bytes
         self.model = build_model(model_config, self.device, dtype, max_model_len, folder, seed, backend)
-        self.build_metadata = metadata_builder(backend, model_config.sliding_window)
+        self.attn_backend = self.model.attn_backend  # chosen once, when the model was built
         self.sampler = Sampler(self.device, seed)
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: DecodeGraphs | None = None
@@ -112,8 +98,7 @@ class ModelRunner:
         self._last_sampled = torch.zeros(0, dtype=torch.int64, device=self.device)
         self._last_sampled_rows: dict[str, int] = {}
 
-    # ---- set-up ------------------------------------------------------------------------
-    @on_every_rank
+    # ---- set-up (in a tensor-parallel group, every rank runs these) ------------------------
     def num_kv_blocks_that_fit(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
         """KV blocks that fit in the memory granted, after the weights and the largest step's
         activations (a profiling forward without a cache measures them)."""
@@ -121,7 +106,7 @@ class ModelRunner:
             # The peak must be this engine's own, not that of whatever ran before in the process.
             torch.cuda.reset_peak_memory_stats(self.device)
             self._profile_run(max_num_batched_tokens)
-        budget = kv_cache_budget_bytes(self.device, gpu_memory_utilization)
+        budget = kv_cache_budget_bytes(self.device, gpu_memory_utilization, self.gpu_memory_limit_bytes)
         num_blocks = budget // kv_bytes_per_token(self.model_config, self.dtype) // self.block_size
         if tp_size() > 1:  # every rank holds the same blocks (its heads of them): the smallest pool wins
             fewest = torch.tensor([num_blocks])
@@ -129,18 +114,16 @@ class ModelRunner:
             num_blocks = int(fewest)
         return num_blocks
 
-    @on_every_rank
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the cache and bind each layer's keys and values to its attention layer."""
         kv = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype, self.device)
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
             layer.bind_cache(k_cache, v_cache)
 
-    @on_every_rank
     def capture_cuda_graphs(self) -> None:
-        """Record decode steps as CUDA graphs (needs the Triton backend's kernels, a GPU)."""
+        """Record decode steps as CUDA graphs (a GPU, and a backend whose kernels allow it)."""
         self.graphs = DecodeGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
-                                   self.block_size, self.device, self.build_metadata)
+                                   self.block_size, self.device, self.attn_backend.build_metadata)
 
     @torch.inference_mode()
     def _profile_run(self, num_tokens: int) -> None:
@@ -151,23 +134,13 @@ class ModelRunner:
         hidden = self.model(torch.zeros_like(positions), positions, NoCacheMetadata(cu_seqlens, max(lens)))
         self.model.compute_logits(hidden[cu_seqlens[1:].long() - 1])
 
-    @on_every_rank
-    @torch.inference_mode()
-    def time_all_reduce(self, num_tokens: int, repeats: int = 20) -> list[float]:
-        """Milliseconds of each of `repeats` all-reduces of a [num_tokens, hidden_size] activation, the
-        collective a row-parallel layer ends with (a benchmark: every rank runs the same calls)."""
-        from ..bench.metrics import cuda_time_ms
-        # zeros: summed in place call after call, they stay zeros (ones would grow by N each time)
-        x = torch.zeros(num_tokens, self.model_config.hidden_size, dtype=self.dtype, device=self.device)
-        return cuda_time_ms(lambda: all_reduce(x), repeats=repeats, device=self.device)
-
     # ---- a step ------------------------------------------------------------------------
     def prepare(self, scheduler_output: SchedulerOutput):
         """The flat batch on the device: (input_ids, positions, metadata, sample_index), where
         sample_index holds the flat index of the last token of every sequence that samples."""
-        return self._unpack(*self._pack(scheduler_output))
+        return self._unpack(*self.pack(scheduler_output))
 
-    def _pack(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, BatchLayout]:
+    def pack(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, BatchLayout]:
         """The step's integers, worked out on the host, in one int64 tensor on the device."""
         self.block_table.release(scheduler_output.released_request_ids)
         entries = scheduler_output.entries
@@ -231,25 +204,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         """Logits [num sampling sequences, vocab] (float32), on the device, not waited for."""
-        flat, layout = self._pack(scheduler_output)
-        if self.workers is None:
-            return self.execute_batch(layout, flat)
-        self.workers.call("execute_batch", layout)  # the workers receive `flat` from rank 0's broadcast
-        return self.run_in_step(self.execute_batch.__func__, layout, flat)
-
-    def run_in_step(self, method, *args, **kwargs):
-        """Rank 0's side of a call every rank makes. If it fails here, the workers are already in it and
-        would wait for rank 0 forever: stop them, so the next call says why instead of hanging."""
-        try:
-            return method(self, *args, **kwargs)
-        except BaseException as e:
-            try:
-                self.workers.check_alive()
-            except RuntimeError as dead:  # the failure was a worker's death: say so
-                self.workers.abort(str(dead))
-                raise dead from e
-            self.workers.abort(f"rank 0 failed in {method.__name__}: {e!r}")
-            raise
+        flat, layout = self.pack(scheduler_output)
+        return self.execute_batch(layout, flat)
 
     @torch.inference_mode()
     def execute_batch(self, layout: BatchLayout, flat: torch.Tensor | None = None) -> torch.Tensor:
@@ -262,7 +218,7 @@ class ModelRunner:
         input_ids, positions, meta, sample_index = self._unpack(flat, layout)
         if self.graphs is not None and meta.num_decodes == meta.num_seqs <= self.graphs.max_batch:
             return self.graphs.run(input_ids, positions, meta)  # every decode samples
-        hidden = self.model(input_ids, positions, self.build_metadata(meta))
+        hidden = self.model(input_ids, positions, self.attn_backend.build_metadata(meta))
         return self.model.compute_logits(hidden[sample_index])
 
     @torch.inference_mode()

@@ -1,6 +1,6 @@
 """The one-minute tour: real text from a real model through minivllm, then naive vs minivllm.
 
-    python -m minivllm.demo
+    python -m minivllm_lab.demo
 
 Uses SmolLM2-135M-Instruct (real weights, offline) on whatever device is there, so it runs
 on a laptop. The speed table runs a small slice of the W1 workload through transformers
@@ -13,12 +13,13 @@ import os
 import torch
 from transformers.utils import logging as hf_logging
 
-from . import LLM, SamplingParams
+from minivllm import LLM, SamplingParams
+from minivllm.models.loader import resolve_model
+
 from .baselines import hf_model_for
 from .bench import runners
 from .bench.metrics import format_table, hardware_name
 from .bench.workloads import w1
-from .models.loader import resolve_model
 
 
 def main():
