@@ -111,6 +111,12 @@ class NotebookEnv:
             args["gpu_memory_limit_bytes"] = self.gpu_memory_limit_bytes
         return args | overrides
 
+    def memory_flags(self) -> list[str]:
+        """The command-line form of the memory cap, for a server or a benchmark this notebook starts."""
+        if self.gpu_memory_limit_bytes is None:
+            return []
+        return ["--gpu-memory-limit-bytes", str(self.gpu_memory_limit_bytes)]
+
     def line(self) -> str:
         fields = {"commit": self.versions.get("commit"), "version": self.versions.get("minivllm"),
                   "device": self.device, "gpu": self.gpu, "capability": self.capability,

@@ -85,6 +85,8 @@ def parse_args(argv=None):
     p.add_argument("--w2-requests", type=int, default=None, help="W2's size (default 256 / CPU 8)")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="of each GPU, as LLM's keyword")
+    p.add_argument("--gpu-memory-limit-bytes", type=int, default=None,
+                   help="each GPU taken to have this much memory, as LLM's keyword (the T4 profile: 15 GiB)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: check that everything runs")
     p.add_argument("--out", default="bench-results/tensor_parallel.json")
     return p.parse_args(argv)
@@ -108,6 +110,7 @@ def main(argv=None) -> dict:
                        max_num_seqs=min(256, num_requests), enforce_eager=args.enforce_eager)
     if on_gpu:
         engine_args["gpu_memory_utilization"] = args.gpu_memory_utilization
+        engine_args["gpu_memory_limit_bytes"] = args.gpu_memory_limit_bytes
     if on_gpu and model == "mistral-7b":
         engine_args["load_format"] = "dummy"
     if not on_gpu:
