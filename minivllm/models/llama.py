@@ -10,7 +10,7 @@ that an engine needs:
   (`gate_up_proj`): fewer, larger matmuls; `PACKED_WEIGHTS` tells the loader where the
   checkpoint's separate tensors go;
 - logits are computed only where they are needed (the last token of each sequence);
-- every matmul is a tensor-parallel layer (`parallel_layers`): built inside a group of N ranks,
+- every matmul is a tensor-parallel layer (`layers.parallel`): built inside a group of N ranks,
   each rank holds 1/N of the heads, of the MLP and of the vocabulary, and two all-reduces per
   layer add up the partial results. Outside a group (N = 1) they are the plain layers.
 
