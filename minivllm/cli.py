@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import signal
 import sys
 import typing
@@ -31,7 +32,10 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         else:
             # `int | None` -> int: the flag's value is parsed, None stays the default.
             base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-            parser.add_argument(flag, type=base, default=f.default, metavar=base.__name__.upper())
+            if base is dict:  # a JSON object, as vLLM's --speculative-config takes it
+                parser.add_argument(flag, type=json.loads, default=f.default, metavar="JSON")
+            else:
+                parser.add_argument(flag, type=base, default=f.default, metavar=base.__name__.upper())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+logger = logging.getLogger("minivllm")
 
 
 @dataclass
@@ -121,6 +123,60 @@ def resolve_dtype(dtype: str | torch.dtype, model_config: ModelConfig, device: s
     return DTYPE_NAMES[dtype]  # a name EngineConfig has already checked
 
 
+SPECULATIVE_METHODS = ("ngram", "draft_model")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's `speculative_config`): guess `num_speculative_tokens` tokens cheaply, then
+    check them all in one forward of the model, which keeps the longest run it agrees with.
+
+    - "ngram": prompt lookup. The longest suffix of the sequence, between `prompt_lookup_min` and
+      `prompt_lookup_max` tokens, that occurred earlier in it proposes the tokens that followed it then.
+    - "draft_model": a smaller model with the same vocabulary (`model`: a folder, hub id or preset) guesses.
+
+    `disable_by_batch_size`: no guesses while this many sequences or more are running (a big batch already
+    keeps the GPU busy, and every rejected guess is work thrown away); None = always guess."""
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    model: str | None = None
+    disable_by_batch_size: int | None = None
+
+    @classmethod
+    def parse(cls, value) -> SpeculativeConfig:
+        """A dict (the JSON of --speculative-config) or a SpeculativeConfig -> a checked SpeculativeConfig."""
+        if isinstance(value, cls):
+            value = {f.name: getattr(value, f.name) for f in fields(cls)}
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a dict, e.g. {{'method': 'ngram', "
+                             f"'num_speculative_tokens': 4}}; got {value!r}")
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; the keys are {sorted(names)}")
+        if value.get("method") not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_config['method'] must be one of {SPECULATIVE_METHODS}, "
+                             f"got {value.get('method')!r}")
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config needs 'num_speculative_tokens'")
+        config = cls(**value)
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size"):
+            v = getattr(config, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"speculative_config['{name}'] must be a positive integer, got {v!r}")
+        if config.prompt_lookup_min > config.prompt_lookup_max:
+            raise ValueError(f"speculative_config: prompt_lookup_min ({config.prompt_lookup_min}) is more than "
+                             f"prompt_lookup_max ({config.prompt_lookup_max})")
+        if (config.method == "draft_model") != (config.model is not None):
+            raise ValueError("speculative_config: 'model' (the draft's folder) goes with method 'draft_model', "
+                             "and only with it")
+        if config.model is not None and not isinstance(config.model, str):
+            raise ValueError(f"speculative_config['model'] must be a string, got {config.model!r}")
+        return config
+
+
 @dataclass
 class EngineConfig:
     """The knobs of `LLM(...)`, each a `--kebab-case` flag of `minivllm serve`; README.md says what each one means."""
@@ -153,6 +209,8 @@ class EngineConfig:
     # The model split over this many GPUs (NCCL) or CPU processes (gloo): each holds 1/N of every
     # layer and of the KV cache, and the engine starts N - 1 worker processes for the other ranks.
     tensor_parallel_size: int = 1
+    # Speculative decoding: a dict (vLLM's words, see SpeculativeConfig), or None for none.
+    speculative_config: dict | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -185,6 +243,18 @@ class EngineConfig:
                              f"{self.device}; {torch.cuda.device_count()} are visible")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.speculative_config is not None:
+            self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+            if self.async_scheduling:
+                # A step's proposals depend on the tokens the step before accepted: the CPU cannot plan step
+                # n+1 while step n is on the GPU. (vLLM overlaps them with GPU-side proposers; not done here.)
+                logger.info("speculative decoding runs the CPU's work and the GPU's one after the other: "
+                            "async_scheduling is turned off")
+                self.async_scheduling = False
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
 
 
 def _check_device(device) -> str:

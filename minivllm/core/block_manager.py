@@ -102,6 +102,17 @@ class BlockManager:
         seq.block_table = []
         seq.num_cached_blocks = 0
 
+    def free_tail(self, seq, num_tokens: int) -> bool:
+        """Give back the blocks past the sequence's first `num_tokens` slots (guesses that were not kept).
+        True if there were any."""
+        keep = cdiv(num_tokens, self.block_size)
+        freed = len(seq.block_table) > keep
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            if block_id != NO_BLOCK:
+                self._release(block_id)
+        return freed
+
     def release_outside_window(self, seq, first_needed_position: int) -> None:
         """Sliding window: give back every block whose tokens all lie before `first_needed_position`."""
         for i in range(min(first_needed_position // self.block_size, len(seq.block_table))):

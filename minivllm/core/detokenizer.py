@@ -28,6 +28,7 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text = ""
         self.stop = stop or []
+        self.num_added = 0  # tokens added so far (the answer's, not the prompt's)
         self._longest_stop = max((len(s) for s in self.stop), default=0)
 
     def _decode(self, ids: list[int]) -> str:
@@ -36,6 +37,7 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> bool:
         """Append one token's text; True if a stop string has ended the answer."""
         self.ids.append(token_id)
+        self.num_added += 1
         prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
         full = self._decode(self.ids[self.prefix_offset:])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):

@@ -32,6 +32,15 @@ GPU). A sequence that finishes at step n while step n+1 already holds it wastes 
 step n+1's output comes, its token is dropped. One that surely ends with its placeholder
 (`max_tokens`, `max_model_len`) is not scheduled again.
 
+Speculative decoding (`num_lookahead_tokens` = k): a decode may also carry up to k guessed tokens
+after its last one, to be verified in the same forward (a *verify* entry). The scheduler counts them in
+the step's budget and gives them KV slots, but counts only the real token as computed: after the step,
+`update_from_output` adds the guesses the model kept (their keys and values are right), appends the
+emitted tokens, and gives back the blocks past the sequence's end. So a block holding a guess that
+was not verified is never named for the prefix cache. No guesses past a request's `max_tokens` or
+`max_model_len`, none while `spec_disable_by_batch_size` sequences or more run, and none that would
+need a preemption: the decode then goes without them.
+
 With `continuous=False` this is static batching: nobody joins until the whole batch is done.
 The batch is whoever fits the step's token budget and the KV pool when it starts, so a static
 batch of N prompts needs `max_num_batched_tokens` >= their total length (the benchmark sets it).
@@ -50,21 +59,28 @@ from .sequence import Sequence, SequenceStatus
 class ScheduledSequence:
     seq: Sequence
     start: int          # the first position computed this step (num_computed_tokens before it)
-    num_tokens: int     # tokens computed this step: 1 for a decode
+    num_tokens: int     # tokens computed this step: 1 for a decode, 1 + its guesses for a verify
     samples: bool       # the step reaches the sequence's last token: it samples the next one
+    # A verify entry (a decode with room for guesses) and its guesses, set by the proposer after `schedule`.
+    verify: bool = False
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
 class SchedulerOutput:
     decodes: list[ScheduledSequence] = field(default_factory=list)    # one token each, first in the batch
+    verifies: list[ScheduledSequence] = field(default_factory=list)   # a decode and its guesses each
     prefills: list[ScheduledSequence] = field(default_factory=list)   # a prompt chunk each
     # Sequences that gave back their KV blocks since the last step that ran (finished, aborted,
     # preempted): the model runner forgets their block-table rows.
     released_request_ids: list[str] = field(default_factory=list)
+    # Sequences whose block lists lost blocks at the tail since the last step that ran (the slots of guesses
+    # not kept), and how many blocks each kept: the runner rewrites their block-table rows from there.
+    truncated_block_tables: dict[str, int] = field(default_factory=dict)
 
     @property
     def entries(self) -> list[ScheduledSequence]:
-        return self.decodes + self.prefills
+        return self.decodes + self.verifies + self.prefills
 
     @property
     def seqs(self) -> list[Sequence]:
@@ -84,13 +100,14 @@ class SchedulerOutput:
         return len(self.decodes)
 
     def __bool__(self) -> bool:
-        return bool(self.decodes or self.prefills)
+        return bool(self.decodes or self.verifies or self.prefills)
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, eos_token_ids=(), enable_chunked_prefill: bool = True,
-                 sliding_window: int | None = None, continuous: bool = True):
+                 sliding_window: int | None = None, continuous: bool = True, num_lookahead_tokens: int = 0,
+                 spec_disable_by_batch_size: int | None = None):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -99,12 +116,18 @@ class Scheduler:
         self.chunked = enable_chunked_prefill
         self.sliding_window = sliding_window
         self.continuous = continuous
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.spec_disable_by_batch_size = spec_disable_by_batch_size
         self.requests: dict[str, Sequence] = {}    # every live request, waiting or running
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in admission order: the newest is preempted first
         self._released: list[str] = []
+        self._truncated: dict[str, int] = {}
         self.num_preemptions = 0
         self.num_prefix_cache_hit_tokens = 0
+        self.num_drafts = 0             # verify entries that carried at least one guess
+        self.num_draft_tokens = 0       # guesses verified
+        self.num_accepted_tokens = 0    # guesses kept
 
     def add(self, seq: Sequence) -> None:
         self.requests[seq.request_id] = seq
@@ -124,7 +147,10 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING or budget == 0 or self._ends_with_placeholder(seq):
                 continue  # preempted a moment ago to make room for an older sequence, or done
             self._release_outside_window(seq)
-            if self._make_room(seq):
+            lookahead = self._lookahead(seq, budget - 1)
+            if lookahead and self.blocks.can_allocate(seq, seq.num_computed_tokens + 1 + lookahead):
+                budget -= self._schedule_verify(out.verifies, seq, lookahead)
+            elif self._make_room(seq):
                 budget -= self._schedule(out.decodes, seq, 1)
         for seq in [s for s in self.running if s.num_uncomputed_tokens > 1]:    # 2. prefill chunks
             self._release_outside_window(seq)
@@ -142,6 +168,7 @@ class Scheduler:
                 budget -= self._schedule(out.prefills, seq, n)
         if out:  # an empty step runs nothing: the runner hears of the released sequences with the next one
             out.released_request_ids, self._released = self._released, []
+            out.truncated_block_tables, self._truncated = self._truncated, {}
         return out
 
     def _schedule(self, entries: list[ScheduledSequence], seq: Sequence, n: int) -> int:
@@ -159,6 +186,26 @@ class Scheduler:
                 seq.num_output_placeholders += 1
             entries.append(ScheduledSequence(seq, start, n, samples))
         return n
+
+    def _lookahead(self, seq: Sequence, budget: int) -> int:
+        """How many guesses `seq` may carry this step (0: a plain decode)."""
+        if not self.num_lookahead_tokens or (self.spec_disable_by_batch_size is not None
+                                             and len(self.running) >= self.spec_disable_by_batch_size):
+            return 0
+        # Up to k + 1 tokens come out: never past max_tokens or max_model_len.
+        room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq)) - 1
+        return max(0, min(self.num_lookahead_tokens, room, budget))
+
+    def _schedule_verify(self, entries: list[ScheduledSequence], seq: Sequence, lookahead: int) -> int:
+        """The sequence's last token and room for `lookahead` guesses; only the real token counts as
+        computed (the guesses' slots are given back after the step if the model does not keep them)."""
+        start = seq.num_computed_tokens
+        self.blocks.allocate(seq, start + 1 + lookahead)
+        seq.num_computed_tokens += 1
+        self.blocks.cache_full_blocks(seq)
+        seq.num_output_placeholders += 1
+        entries.append(ScheduledSequence(seq, start, 1 + lookahead, True, verify=True))
+        return 1 + lookahead
 
     def _ends_with_placeholder(self, seq: Sequence) -> bool:
         """The token still in flight is surely this sequence's last (length limits): no more steps."""
@@ -217,25 +264,40 @@ class Scheduler:
         self._released.append(seq.request_id)
 
     # ---- after the step ----------------------------------------------------------------
-    def update_from_output(self, scheduler_output: SchedulerOutput, sampled_token_ids: list[int]) -> list[Sequence]:
-        """The step's sampled tokens (one per `scheduler_output.sampled_seqs`, in order) into the
-        books. Returns the sequences that got a token (finished ones included, `is_finished` set)."""
-        tokens, advanced, now = iter(sampled_token_ids), [], time.perf_counter()
+    def update_from_output(self, scheduler_output: SchedulerOutput, sampled_token_ids: list) -> list[Sequence]:
+        """The step's sampled tokens into the books: one per `scheduler_output.sampled_seqs`, in order (a list
+        of tokens for a verify entry: the guesses kept, then one more). Returns the sequences that got
+        tokens (finished ones included, `is_finished` set)."""
+        sampled, advanced, now = iter(sampled_token_ids), [], time.perf_counter()
         for entry in scheduler_output.entries:
             seq = entry.seq
             if entry.samples:
-                token = next(tokens)
+                new_tokens = next(sampled)
                 seq.num_output_placeholders -= 1
             if seq.is_finished or not entry.samples:
                 continue  # finished (stop, abort) while this step was in flight: its token is dropped;
                 # or a prefill chunk before the prompt's end: nothing to sample yet
-            seq.token_ids.append(token)
-            self.blocks.cache_full_blocks(seq)  # a block the new token completes
+            if isinstance(new_tokens, int):
+                new_tokens = [new_tokens]
+            if entry.draft_token_ids:
+                self.num_drafts += 1
+                self.num_draft_tokens += len(entry.draft_token_ids)
+                self.num_accepted_tokens += len(new_tokens) - 1
+                # The kept guesses were computed from the right tokens: their keys and values stay.
+                seq.num_computed_tokens += len(new_tokens) - 1
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                self.finish(seq, reason)
+            for token in new_tokens:
+                seq.token_ids.append(token)
+                reason = self._stop_reason(seq, token)
+                if reason is not None:  # tokens after a stop are not part of the answer
+                    self.finish(seq, reason)
+                    break
+            if not seq.is_finished:
+                self.blocks.cache_full_blocks(seq)  # a block the new tokens complete
+                if entry.verify and self.blocks.free_tail(seq, len(seq)):  # the slots of guesses not kept
+                    kept = self._truncated.get(seq.request_id, len(seq.block_table))
+                    self._truncated[seq.request_id] = min(kept, len(seq.block_table))
             advanced.append(seq)
         return advanced
 

@@ -48,6 +48,8 @@ from ..executor import Executor, make_executor
 from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
+from ..spec_decode import DraftModelProposer, make_proposer
+from ..worker.kv_cache import kv_bytes_per_token
 from ..worker.model_runner import ModelRunner, SampledTokens
 from .input_processor import InputProcessor
 
@@ -59,11 +61,13 @@ class LLMEngine:
     an input processor (requests checked at the door; its tokenizer, if any, also makes the outputs' text).
     `from_config` builds the parts from an `EngineConfig`; tests and notebooks may compose their own."""
 
-    def __init__(self, config: EngineConfig, scheduler: Scheduler, executor: Executor, input_processor: InputProcessor):
+    def __init__(self, config: EngineConfig, scheduler: Scheduler, executor: Executor, input_processor: InputProcessor,
+                 proposer=None):
         self.config = config
         self.scheduler = scheduler
         self.executor = executor
         self.input_processor = input_processor
+        self.proposer = proposer  # speculative decoding: fills each verify entry's guesses (None: no guesses)
         # The step launched on the GPU whose tokens the host has not read yet (async scheduling).
         self._in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
 
@@ -102,6 +106,9 @@ class LLMEngine:
                            backend=config.attention_backend, gpu_memory_limit_bytes=config.gpu_memory_limit_bytes)
         executor = make_executor(runner_args, config.tensor_parallel_size, config.device)
         try:  # a failure from here on stops the workers already started
+            spec = config.speculative_config
+            # A draft model's weights load before the KV pool is sized, so the profile counts them.
+            proposer = make_proposer(spec, runner_args) if spec is not None else None
             if config.num_kv_blocks is not None:
                 num_blocks = config.num_kv_blocks * config.block_size // block_size
             else:  # what fits after a profiling forward
@@ -110,6 +117,11 @@ class LLMEngine:
             if num_blocks < 1:
                 raise ValueError(f"the KV cache holds less than one block of {block_size} tokens: "
                                  "lower max_model_len or block_size, or give the cache more memory")
+            if isinstance(proposer, DraftModelProposer):  # its cache has as many blocks as the target's
+                if config.num_kv_blocks is None:  # the memory was sized for the target's cache alone: share it
+                    target, draft = (kv_bytes_per_token(c, dtype) for c in (cfg, proposer.runner.model_config))
+                    num_blocks = num_blocks * target // (target + draft)
+                proposer.runner.initialize_kv_cache(num_blocks)
             executor.collective_rpc("initialize_kv_cache", num_blocks)
             runner = executor.runner
             if runner.device.type == "cuda" and runner.attn_backend.supports_cuda_graphs and not config.enforce_eager:
@@ -120,10 +132,12 @@ class LLMEngine:
         scheduler = Scheduler(BlockManager(num_blocks, block_size, prefix_caching), config.max_num_seqs,
                               max_num_batched_tokens, max_model_len, generation_eos_ids(cfg, source.folder),
                               config.enable_chunked_prefill, cfg.sliding_window,
-                              continuous=config.enable_continuous_batching)
+                              continuous=config.enable_continuous_batching,
+                              num_lookahead_tokens=config.num_speculative_tokens,
+                              spec_disable_by_batch_size=spec.disable_by_batch_size if spec else None)
         input_processor = InputProcessor(tokenizer, cfg.vocab_size, max_model_len, block_size, num_blocks,
                                          max_num_batched_tokens, cfg.sliding_window)
-        return cls(config, scheduler, executor, input_processor)
+        return cls(config, scheduler, executor, input_processor, proposer)
 
     # ---- what the parts know -------------------------------------------------------------
     @property
@@ -226,20 +240,31 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output:
             return None
+        draft_probs = self.proposer.propose(scheduler_output) if self.proposer is not None else None
         logits = self.executor.execute_model(scheduler_output)
-        return scheduler_output, self.executor.sample(logits, scheduler_output)
+        return scheduler_output, self.executor.sample(logits, scheduler_output, draft_probs)
 
     def _process(self, launched: tuple[SchedulerOutput, SampledTokens]) -> list[RequestOutput]:
         """Update -> outputs: wait for the step's tokens, put them in the books, grow the text."""
         scheduler_output, sampled = launched
         seqs = self.scheduler.update_from_output(scheduler_output, sampled.tolist())
         for seq in seqs:  # a stop string ends the request (the text stops before it)
-            if seq.detokenizer is not None and seq.detokenizer.add(seq.token_ids[-1]):
+            if seq.detokenizer is not None:
+                self._detokenize(seq)
+        return [self._output(seq) for seq in seqs]
+
+    def _detokenize(self, seq: Sequence) -> None:
+        """The text grows by the step's new tokens (several with speculation); a stop string ends it."""
+        detokenizer = seq.detokenizer
+        new_tokens = seq.token_ids[seq.num_prompt_tokens + detokenizer.num_added:]
+        for i, token in enumerate(new_tokens):
+            if detokenizer.add(token):
+                del seq.token_ids[len(seq.token_ids) - len(new_tokens) + i + 1:]  # tokens after it: not the answer
                 if seq.is_finished:  # the same token also reached a length limit
                     seq.finish_reason = "stop"
                 else:
                     self.scheduler.finish(seq, "stop")
-        return [self._output(seq) for seq in seqs]
+                return
 
     def _output(self, seq: Sequence) -> RequestOutput:
         # The text grows with every token (incremental detokenization), so a stream can show it.
@@ -260,4 +285,8 @@ class LLMEngine:
             "num_waiting": len(self.scheduler.waiting),
             "num_preemptions": self.scheduler.num_preemptions,
             "num_prefix_cache_hit_tokens": self.scheduler.num_prefix_cache_hit_tokens,
+            # Speculative decoding (zeros without it): verify steps with guesses, guesses, guesses kept.
+            "num_drafts": self.scheduler.num_drafts,
+            "num_draft_tokens": self.scheduler.num_draft_tokens,
+            "num_accepted_tokens": self.scheduler.num_accepted_tokens,
         }

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 
 from ..core.scheduler import SchedulerOutput
-from ..worker.model_runner import ModelRunner, SampledTokens
+from ..worker.model_runner import ModelRunner, SampledTokens, VerifiedTokens
 from .workers import TensorParallelWorkers, call_on_runner
 
 
@@ -42,8 +42,9 @@ class Executor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         return self.runner.execute_model(scheduler_output)
 
-    def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput) -> SampledTokens:
-        return self.runner.sample(logits, scheduler_output)
+    def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput,
+               draft_probs: torch.Tensor | None = None) -> SampledTokens | VerifiedTokens:
+        return self.runner.sample(logits, scheduler_output, draft_probs)
 
     def shutdown(self) -> None:
         """Nothing to stop with one rank."""

@@ -10,7 +10,9 @@ A block released outside a sliding window (a hole in the sequence's list) keeps 
 attention never reads positions outside the window, so what that block now holds is never used.
 Likewise a row handed to a new sequence keeps the previous owner's ids past the new one's blocks:
 attention reads a sequence's blocks only up to its context length (the Triton kernels stop there,
-the torch reference gathers further but masks those keys).
+the torch reference gathers further but masks those keys). Blocks given back at the tail (the slots of
+speculative guesses that were not kept) are forgotten (`truncate`: the scheduler lists them with the next
+step), so the ids that later replace them are written.
 """
 from __future__ import annotations
 
@@ -30,6 +32,13 @@ class BlockTable:
             row = self.rows.pop(request_id, None)
             if row is not None:
                 self.free_rows.append(row)
+
+    def truncate(self, num_blocks_kept: dict[str, int]) -> None:
+        """Sequences that gave back blocks at their tail: the blocks that replace them must be written."""
+        for request_id, kept in num_blocks_kept.items():
+            row = self.rows.get(request_id)
+            if row is not None:
+                self.num_written[row] = min(self.num_written[row], kept)
 
     def row_of(self, seq) -> int:
         """The sequence's row, its new blocks written into it."""

@@ -37,6 +37,7 @@ from ..models.loader import build_model
 from .block_table import BlockTable
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
+from .rejection_sampler import RejectionSampler
 from .sampler import Sampler
 
 
@@ -61,6 +62,16 @@ class SampledTokens:
         if self._ready is not None:
             self._ready.synchronize()
         return self._host.tolist()
+
+
+class VerifiedTokens:
+    """A verify step's tokens, already on the host: per sampling sequence, its kept guesses and one more."""
+
+    def __init__(self, tokens: list[list[int]]):
+        self._tokens = tokens
+
+    def tolist(self) -> list[list[int]]:
+        return self._tokens
 
 
 @dataclass
@@ -90,6 +101,7 @@ class ModelRunner:
         self.model = build_model(model_config, self.device, dtype, max_model_len, folder, seed, backend)
         self.attn_backend = self.model.attn_backend  # chosen once, when the model was built
         self.sampler = Sampler(self.device, seed)
+        self.rejection_sampler = RejectionSampler(self.device, self.sampler.generator)
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: DecodeGraphs | None = None
         self.use_async_copies = self.device.type == "cuda"
@@ -143,13 +155,16 @@ class ModelRunner:
     def pack(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, BatchLayout]:
         """The step's integers, worked out on the host, in one int64 tensor on the device."""
         self.block_table.release(scheduler_output.released_request_ids)
+        self.block_table.truncate(scheduler_output.truncated_block_tables)
         entries = scheduler_output.entries
-        rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_rows = [], [], [], [], [], [], []
-        for i, e in enumerate(entries):
+        rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_positions = [], [], [], [], [], [], []
+        for e in entries:
             rows.append(self.block_table.row_of(e.seq))
             starts.append(e.start)
             lens.append(e.num_tokens)
             tokens = e.seq.token_ids[e.start:e.start + e.num_tokens]
+            if e.draft_token_ids:  # a verify: the last token, then the guesses
+                tokens = tokens + e.draft_token_ids
             if len(tokens) < e.num_tokens:  # a decode of the token the step in flight sampled
                 # (only ever a decode: the scheduler admits no sequence whose token is still in flight)
                 assert e.num_tokens == 1 and e.start == len(e.seq.token_ids)
@@ -157,8 +172,9 @@ class ModelRunner:
                 from_gpu_src.append(self._last_sampled_rows[e.seq.request_id])
                 tokens = [0]
             token_ids += tokens
-            if e.samples:
-                sample_rows.append(i)
+            if e.samples:  # logits at the last token; a verify's at each guess's position too
+                end = len(token_ids)
+                sample_positions.extend(range(end - 1 - len(e.draft_token_ids), end))
         context_lens = [s + n for s, n in zip(starts, lens)]
         num_decodes = scheduler_output.num_decodes
         max_context_len = max(context_lens)
@@ -173,7 +189,7 @@ class ModelRunner:
         width = cdiv(max_context_len, bs)
         block_tables = self.block_table.table[torch.tensor(rows), :width]
         slots = block_tables[owner, positions // bs].long() * bs + positions % bs
-        sample_index = cu_seqlens[1:][sample_rows] - 1
+        sample_index = torch.tensor(sample_positions, dtype=torch.int64)
 
         # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy is
         # asynchronous), then is cut into views: one transfer per step instead of nine.
@@ -222,9 +238,16 @@ class ModelRunner:
         return self.model.compute_logits(hidden[sample_index])
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput) -> SampledTokens:
-        """The next token of every sampling sequence, picked on the device; its copy to the host starts."""
+    def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput,
+               draft_probs: torch.Tensor | None = None) -> SampledTokens | VerifiedTokens:
+        """The next token of every sampling sequence, picked on the device; its copy to the host starts.
+        A step that verifies guesses goes through the rejection sampler instead (`draft_probs`: the draft
+        model's distributions, [sampling sequences, k, vocab]; None for sure guesses such as n-grams)."""
         seqs = scheduler_output.sampled_seqs
+        drafts = [e.draft_token_ids for e in scheduler_output.entries if e.samples]
+        if any(drafts):
+            self._last_sampled_rows = {}  # (no overlap while speculating: nothing reads them)
+            return VerifiedTokens(self.rejection_sampler(logits, seqs, drafts, draft_probs))
         tokens = self.sampler(logits, seqs) if seqs else self._last_sampled[:0]
         self._last_sampled = tokens
         self._last_sampled_rows = {seq.request_id: i for i, seq in enumerate(seqs)}
