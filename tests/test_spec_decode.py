@@ -145,3 +145,41 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_llama, tmp_path):
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(tiny_llama[0], num_kv_blocks=8, speculative_config={"method": "draft_model", "model": draft,
                                                                   "num_speculative_tokens": 2})
+
+
+@pytest.mark.slow
+def test_the_server_speculates_with_the_same_answers_and_reports_it(tmp_path):
+    """`minivllm serve --speculative-config JSON` (the engine core in its own process): the same greedy text as
+    the offline engine without speculation, streamed or whole, and the spec-decode counters in /metrics.
+    A word tokenizer (token i is the word "w<i>") and random weights drawn from the same seed on both sides."""
+    import json
+
+    import httpx
+    import openai
+    from server_utils import running_server
+    from test_engine_core import TINY_WORDS
+
+    from minivllm_lab.bench.word_model import write_word_model
+
+    folder = str(write_word_model(tmp_path / "words", TINY_WORDS))
+    prompts = ["w5 w6 w7 w5 w6 w7 w5 w6", "w9 w10 w11 w12 w9 w10"]
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    offline = LLM(folder, load_format="dummy", max_model_len=80, num_kv_blocks=40)
+    expected = [o.outputs[0].text for o in offline.generate(prompts, greedy, use_tqdm=False)]
+    with running_server(folder, "--max-model-len", "80", "--num-kv-blocks", "40", "--load-format", "dummy",
+                        "--speculative-config", json.dumps(NGRAM), served_model_name="tiny") as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+        for prompt, text in zip(prompts, expected):
+            whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0,
+                                              extra_body={"ignore_eos": True})
+            assert whole.choices[0].text == text
+            stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=16, temperature=0,
+                                               stream=True, extra_body={"ignore_eos": True})
+            assert "".join(c.choices[0].text for c in stream if c.choices) == text
+        metrics = httpx.get(url + "/metrics").text
+        values = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
+                  if line.startswith("minivllm:spec_decode")}
+        assert values["minivllm:spec_decode_num_draft_tokens_total"] > 0
+        assert 0 < values["minivllm:spec_decode_num_accepted_tokens_total"] <= \
+            values["minivllm:spec_decode_num_draft_tokens_total"]
+        assert values["minivllm:spec_decode_mean_acceptance_length"] > 1

@@ -36,12 +36,20 @@ class ServerMetrics:
         self.kv_usage = make(Gauge, "kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).")
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of the requests accepted.")
         self.generation_tokens = make(Counter, "generation_tokens", "Tokens generated.")
-        self.preemptions = make(Counter, "num_preemptions", "Sequences preempted (recomputed later).")
+        # Counters the engine keeps itself: each grows here by what the engine's count grew since the last read.
+        self.engine_counters = {
+            "num_preemptions": make(Counter, "num_preemptions", "Sequences preempted (recomputed later)."),
+            "num_drafts": make(Counter, "spec_decode_num_drafts", "Speculative verify steps with guesses."),
+            "num_draft_tokens": make(Counter, "spec_decode_num_draft_tokens", "Speculative guesses verified."),
+            "num_accepted_tokens": make(Counter, "spec_decode_num_accepted_tokens", "Speculative guesses kept."),
+        }
+        self.mean_acceptance_length = make(Gauge, "spec_decode_mean_acceptance_length",
+                                           "Tokens per verify step so far: 1 + guesses kept per step.")
         self.ttft = make(Histogram, "time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS)
         self.tpot = make(Histogram, "time_per_output_token_seconds", "Mean time between output tokens of a request.",
                          buckets=TPOT_BUCKETS)
         self.e2e = make(Histogram, "e2e_request_latency_seconds", "Arrival to last token.", buckets=E2E_BUCKETS)
-        self._preemptions_seen = 0
+        self._counts_seen = dict.fromkeys(self.engine_counters, 0)
 
     def on_output(self, out, previous) -> None:
         """One more output of a request (`previous` is the one before it, None for its first)."""
@@ -64,6 +72,9 @@ class ServerMetrics:
         self.running.set(stats["num_running"])
         self.waiting.set(stats["num_waiting"])
         self.kv_usage.set(1 - stats["num_free_blocks"] / stats["num_total_blocks"])
-        self.preemptions.inc(stats["num_preemptions"] - self._preemptions_seen)
-        self._preemptions_seen = stats["num_preemptions"]
+        for name, counter in self.engine_counters.items():
+            counter.inc(stats[name] - self._counts_seen[name])
+            self._counts_seen[name] = stats[name]
+        if stats["num_drafts"]:
+            self.mean_acceptance_length.set(1 + stats["num_accepted_tokens"] / stats["num_drafts"])
         return generate_latest(self.registry)
