@@ -136,13 +136,16 @@ class SpeculativeConfig:
     - "draft_model": a smaller model with the same vocabulary (`model`: a folder, hub id or preset) guesses.
 
     `disable_by_batch_size`: no guesses while this many sequences or more are running (a big batch already
-    keeps the GPU busy, and every rejected guess is work thrown away); None = always guess."""
+    keeps the GPU busy, and every rejected guess is work thrown away); None = always guess.
+    `adaptive`: each request guesses one token more than it has recently been keeping (at least 1, at most
+    `num_speculative_tokens`), so a request whose guesses fail (free chat) pays for one guess per step, not k."""
     method: str
     num_speculative_tokens: int
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     model: str | None = None
     disable_by_batch_size: int | None = None
+    adaptive: bool = True
 
     @classmethod
     def parse(cls, value) -> SpeculativeConfig:
@@ -172,6 +175,8 @@ class SpeculativeConfig:
         if (config.method == "draft_model") != (config.model is not None):
             raise ValueError("speculative_config: 'model' (the draft's folder) goes with method 'draft_model', "
                              "and only with it")
+        if not isinstance(config.adaptive, bool):
+            raise ValueError(f"speculative_config['adaptive'] must be true or false, got {config.adaptive!r}")
         if config.model is not None and not isinstance(config.model, str):
             raise ValueError(f"speculative_config['model'] must be a string, got {config.model!r}")
         return config

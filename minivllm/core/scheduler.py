@@ -39,7 +39,8 @@ the step's budget and gives them KV slots, but counts only the real token as com
 emitted tokens, and gives back the blocks past the sequence's end. So a block holding a guess that
 was not verified is never named for the prefix cache. No guesses past a request's `max_tokens` or
 `max_model_len`, none while `spec_disable_by_batch_size` sequences or more run, and none that would
-need a preemption: the decode then goes without them.
+need a preemption: the decode then goes without them. With `spec_adaptive`, a sequence reserves one
+guess more than it has recently been keeping (`Sequence.recent_accepted`).
 
 With `continuous=False` this is static batching: nobody joins until the whole batch is done.
 The batch is whoever fits the step's token budget and the KV pool when it starts, so a static
@@ -107,7 +108,7 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, eos_token_ids=(), enable_chunked_prefill: bool = True,
                  sliding_window: int | None = None, continuous: bool = True, num_lookahead_tokens: int = 0,
-                 spec_disable_by_batch_size: int | None = None):
+                 spec_disable_by_batch_size: int | None = None, spec_adaptive: bool = False):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -118,6 +119,7 @@ class Scheduler:
         self.continuous = continuous
         self.num_lookahead_tokens = num_lookahead_tokens
         self.spec_disable_by_batch_size = spec_disable_by_batch_size
+        self.spec_adaptive = spec_adaptive
         self.requests: dict[str, Sequence] = {}    # every live request, waiting or running
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in admission order: the newest is preempted first
@@ -192,9 +194,12 @@ class Scheduler:
         if not self.num_lookahead_tokens or (self.spec_disable_by_batch_size is not None
                                              and len(self.running) >= self.spec_disable_by_batch_size):
             return 0
+        k = self.num_lookahead_tokens
+        if self.spec_adaptive and seq.recent_accepted is not None:  # one more than it has been keeping
+            k = min(k, 1 + int(seq.recent_accepted + 0.5))
         # Up to k + 1 tokens come out: never past max_tokens or max_model_len.
         room = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq)) - 1
-        return max(0, min(self.num_lookahead_tokens, room, budget))
+        return max(0, min(k, room, budget))
 
     def _schedule_verify(self, entries: list[ScheduledSequence], seq: Sequence, lookahead: int) -> int:
         """The sequence's last token and room for `lookahead` guesses; only the real token counts as
@@ -283,6 +288,8 @@ class Scheduler:
                 self.num_drafts += 1
                 self.num_draft_tokens += len(entry.draft_token_ids)
                 self.num_accepted_tokens += len(new_tokens) - 1
+                kept = len(new_tokens) - 1  # an average over the last few steps (half the weight on this one)
+                seq.recent_accepted = kept if seq.recent_accepted is None else (seq.recent_accepted + kept) / 2
                 # The kept guesses were computed from the right tokens: their keys and values stay.
                 seq.num_computed_tokens += len(new_tokens) - 1
             if seq.metrics.first_token_time is None:

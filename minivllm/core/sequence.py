@@ -45,6 +45,7 @@ class Sequence:
         self.block_hashes: list[int] = []   # prefix hashes of its full blocks (prefix caching)
         self.num_cached_blocks = 0          # leading blocks already named in the prefix cache
         self.finish_reason: str | None = None
+        self.recent_accepted: float | None = None  # speculative decoding: guesses kept per step, averaged
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
         self.detokenizer = None  # set by the engine when the model has a tokenizer: text grows per token
         self.generator = None

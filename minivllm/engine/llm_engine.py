@@ -134,7 +134,8 @@ class LLMEngine:
                               config.enable_chunked_prefill, cfg.sliding_window,
                               continuous=config.enable_continuous_batching,
                               num_lookahead_tokens=config.num_speculative_tokens,
-                              spec_disable_by_batch_size=spec.disable_by_batch_size if spec else None)
+                              spec_disable_by_batch_size=spec.disable_by_batch_size if spec else None,
+                              spec_adaptive=spec.adaptive if spec else False)
         input_processor = InputProcessor(tokenizer, cfg.vocab_size, max_model_len, block_size, num_blocks,
                                          max_num_batched_tokens, cfg.sliding_window)
         return cls(config, scheduler, executor, input_processor, proposer)

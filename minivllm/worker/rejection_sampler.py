@@ -71,6 +71,20 @@ def rejection_sample(probs: torch.Tensor, draft_tokens: torch.Tensor, num_drafts
     return tokens, num_accepted + 1
 
 
+def greedy_verify(argmax: list[int], drafts: list[list[int]]) -> list[list[int]]:
+    """The rule for greedy rows only, on the host: the guesses equal to the model's argmax, then its next
+    argmax. `argmax` holds each sequence's len(draft) + 1 rows in turn."""
+    emitted, row = [], 0
+    for draft in drafts:
+        targets = argmax[row:row + len(draft) + 1]
+        kept = 0
+        while kept < len(draft) and draft[kept] == targets[kept]:
+            kept += 1
+        emitted.append(draft[:kept] + [targets[kept]])
+        row += len(draft) + 1
+    return emitted
+
+
 class RejectionSampler:
     """Builds the per-row inputs of `rejection_sample` from the sequences (their parameters, generators)."""
 
@@ -81,9 +95,11 @@ class RejectionSampler:
     def __call__(self, logits: torch.Tensor, seqs, drafts: list[list[int]],
                  draft_probs: torch.Tensor | None = None) -> list[list[int]]:
         """logits [sum(len(d) + 1), V]: each sequence's k + 1 rows in turn. Returns each sequence's emitted tokens."""
+        params = [s.params for s in seqs]
+        if all(p.greedy for p in params):  # p is one-hot: keep guesses while they are the argmax (no softmax)
+            return greedy_verify(logits.argmax(-1).tolist(), drafts)
         B, K = len(seqs), max(len(d) for d in drafts)
         rows_per_seq = torch.tensor([len(d) + 1 for d in drafts])
-        params = [s.params for s in seqs]
         per_row = torch.tensor([[p.temperature, p.top_k, p.top_p] for p in params], dtype=torch.float32)
         per_row = per_row.repeat_interleave(rows_per_seq, dim=0).to(self.device)
         probs_flat = target_probs(logits, per_row[:, 0], per_row[:, 1].long(), per_row[:, 2])

@@ -1,0 +1,215 @@
+"""Speculative decoding measured: what a guess costs, how many are kept, and the speed-up, against the same
+engine without speculation, in one run, with identical greedy text checked on every answer.
+
+    python -m minivllm_lab.bench.spec_decode                 # real SmolLM2-135M (CPU or GPU), a few minutes
+    python -m minivllm_lab.bench.spec_decode --smoke         # seconds: a tiny random model, any machine
+
+Three measurements:
+- the verify cost: one forward's time against the number of tokens per sequence (1 = a plain decode,
+  k + 1 = a verify of k guesses), at several batch sizes (`forward_ms`);
+- the tasks, one request at a time (batch 1): answers that copy their input (correcting a given text,
+  editing given code, answering from a given document) and free chat; for each proposer setting, output
+  tokens per second, the guesses kept (acceptance rate) and tokens per verify step (mean acceptance length);
+- when it stops paying: the copy tasks at growing batch sizes, with and without speculation.
+Greedy (temperature 0): the text must be the same with and without speculation, or the run fails.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from minivllm import LLM, SamplingParams
+from minivllm.attention import NoCacheMetadata
+from minivllm.chat import encode_chat
+from minivllm.models.loader import resolve_model
+
+from ..machine import free_memory, tiny_checkpoint
+from .metrics import format_table, hardware_name, median, save_json
+
+DOCUMENT = (
+    "Returns policy. Items can be returned within 30 days of delivery for a full refund. To start a return, "
+    "open the Orders page, choose the order, and click Return items. Print the prepaid label and drop the "
+    "parcel at any post office. Refunds are issued to the original payment method within 5 business days "
+    "after the parcel arrives at our warehouse. Gift cards and opened software cannot be returned.")
+CODE = '''def average(values):
+    total = 0
+    for value in values:
+        total = total + value
+    return total / len(values)
+'''
+TEXT = ("Our team met on monday to review the the launch plan. We agreed that the beta will start on the "
+        "first of june, that every customer gets an email two days before, and that support will be "
+        "available from nine to five. The final decision on pricing was postponed to next week.")
+
+COPY_TASKS = {
+    "correct a text": "Correct the spelling and grammar of this text and return the whole corrected text:\n\n" + TEXT,
+    "edit code": "Add a docstring to this Python function and return the whole function:\n\n" + CODE,
+    "answer from a document": "Using the document below, explain how to return an item, in the document's own "
+                              "words.\n\n" + DOCUMENT,
+}
+CHAT_TASKS = {
+    "tips": "Give me three tips for writing clear emails.",
+    "story": "Write a short story about a robot who learns to paint.",
+    "explain": "Why is the sky blue? Explain it to a ten-year-old.",
+}
+
+
+def write_draft_from_first_layers(folder: str, num_layers: int, out: str | Path) -> str:
+    """A draft made from a model itself: its embedding, its first `num_layers` decoder layers, its final norm
+    and LM head (the same vocabulary, by construction). Written as an HF folder next to the tokenizer files."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((Path(folder) / "config.json").read_text())
+    config["num_hidden_layers"] = num_layers
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = {}
+    for shard in sorted(Path(folder).glob("*.safetensors")):
+        for name, tensor in load_file(shard).items():
+            parts = name.split(".")
+            if "layers" in parts and int(parts[parts.index("layers") + 1]) >= num_layers:
+                continue
+            tensors[name] = tensor
+    save_file(tensors, out / "model.safetensors")
+    for extra in Path(folder).iterdir():
+        if extra.name.startswith(("tokenizer", "special_tokens", "generation_config", "vocab", "merges")):
+            shutil.copy(extra, out / extra.name)
+    return str(out)
+
+
+@torch.inference_mode()
+def forward_ms(llm: LLM, tokens_per_seq: list[int], batches: list[int], repeats: int) -> list[dict]:
+    """One forward (no cache: the cost of the matmuls and the LM head, which is what more tokens per sequence
+    add) against tokens per sequence, at each batch size; median of `repeats`."""
+    model, device = llm.llm_engine.model, llm.llm_engine.device
+    rows = []
+    for batch in batches:
+        for t in tokens_per_seq:
+            ids = torch.randint(100, 1000, (batch * t,), device=device)
+            positions = torch.arange(t, device=device).repeat(batch)
+            cu = torch.arange(0, batch * t + 1, t, device=device, dtype=torch.int32)
+            meta = NoCacheMetadata(cu, t)
+            times = []
+            for i in range(repeats + 2):
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                model.compute_logits(model(ids, positions, meta))
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if i >= 2:  # two warm-up calls
+                    times.append((time.perf_counter() - start) * 1e3)
+            rows.append({"batch": batch, "tokens_per_seq": t, "forward_ms": median(times)})
+    return rows
+
+
+def run_tasks(llm: LLM, prompts: dict[str, list[int]], params: SamplingParams) -> dict:
+    """The prompts one at a time (batch 1) after one warm-up; totals and each answer's text."""
+    llm.generate([next(iter(prompts.values()))], params, use_tqdm=False)
+    before = llm.llm_engine.get_stats()
+    texts, tokens, seconds = {}, 0, 0.0
+    for name, ids in prompts.items():
+        start = time.perf_counter()
+        out = llm.generate([ids], params, use_tqdm=False)[0].outputs[0]
+        seconds += time.perf_counter() - start
+        texts[name], tokens = out.token_ids, tokens + len(out.token_ids)
+    after = llm.llm_engine.get_stats()
+    drafts, guessed, kept = (after[k] - before[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
+    return {"tok_s": tokens / seconds, "tokens": tokens, "acceptance_rate": kept / guessed if guessed else None,
+            "mean_acceptance_length": 1 + kept / drafts if drafts else None, "texts": texts}
+
+
+def run_batch(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> float:
+    llm.generate(prompts[:1], params, use_tqdm=False)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m minivllm_lab.bench.spec_decode", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="default: smollm2-135m (a tiny random model with --smoke)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--ks", default="2,4,6", help="n-gram guesses per step to try")
+    p.add_argument("--draft-layers", type=int, default=8, help="the draft: the model's first N layers (0 = none)")
+    p.add_argument("--batches", default="1,4,16", help="batch sizes of the when-it-pays sweep")
+    p.add_argument("--device", default=None)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out", default="spec-decode.json")
+    args = p.parse_args(argv)
+    smoke = args.smoke
+    model = args.model or (tiny_checkpoint(num_layers=2, vocab_size=1024) if smoke else "smollm2-135m")
+    max_tokens = 12 if smoke else args.max_tokens
+    ks = [2] if smoke else [int(k) for k in args.ks.split(",")]
+    batches = [1, 2] if smoke else [int(b) for b in args.batches.split(",")]
+    engine_args = dict(max_model_len=1024, device=args.device)
+    base = LLM(model, **engine_args)
+    device = str(base.llm_engine.device)
+    tokenizer = base.llm_engine.tokenizer
+    if tokenizer is not None:
+        encode = {name: encode_chat(tokenizer, [{"role": "user", "content": text}])
+                  for name, text in {**COPY_TASKS, **CHAT_TASKS}.items()}
+    else:  # a tiny random model: token ids that repeat (copy) or not (chat)
+        g = torch.Generator().manual_seed(0)
+        encode = {name: (torch.randint(5, 1000, (20,), generator=g).tolist() * (3 if name in COPY_TASKS else 1))
+                  for name in {**COPY_TASKS, **CHAT_TASKS}}
+    groups = {"copy": {n: encode[n] for n in COPY_TASKS}, "chat": {n: encode[n] for n in CHAT_TASKS}}
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
+    result = {"hardware": hardware_name() if device.startswith("cuda") else f"CPU ({torch.get_num_threads()} threads)",
+              "device": device, "model": str(model), "max_tokens": max_tokens}
+
+    result["forward"] = forward_ms(base, [1, 2, 3, 5, 9], [1, 8] if smoke else [1, 8, 64], 2 if smoke else 5)
+    print(format_table(result["forward"], ["batch", "tokens_per_seq", "forward_ms"]))
+
+    settings = {"none": None}
+    for k in ks:
+        settings[f"ngram k={k}"] = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
+    settings[f"ngram k={ks[-1]}, fixed k"] = settings[f"ngram k={ks[-1]}"] | {"adaptive": False}
+    draft_dir = None
+    if args.draft_layers and not smoke:
+        draft_dir = tempfile.mkdtemp(prefix="minivllm-draft-")
+        write_draft_from_first_layers(resolve_model(model).folder, args.draft_layers, draft_dir)
+        settings[f"draft model ({args.draft_layers} layers) k=3"] = {"method": "draft_model", "model": draft_dir,
+                                                                   "num_speculative_tokens": 3}
+    rows, reference = [], {}
+    for label, spec in settings.items():
+        llm = base if spec is None else LLM(model, speculative_config=spec, **engine_args)
+        for group, prompts in groups.items():
+            run = run_tasks(llm, prompts, greedy)
+            if spec is None:
+                reference[group] = run
+            elif run["texts"] != reference[group]["texts"]:
+                raise AssertionError(f"{label} changed the greedy text of the {group} tasks")
+            rows.append({"setting": label, "tasks": group, "tok_s": run["tok_s"],
+                         "speedup": run["tok_s"] / reference[group]["tok_s"],
+                         "acceptance_rate": run["acceptance_rate"],
+                         "mean_acceptance_length": run["mean_acceptance_length"]})
+            print(format_table(rows[-1:], list(rows[-1])), flush=True)
+        if llm is not base:
+            del llm
+            free_memory()
+    result["tasks"] = rows
+
+    spec = settings[f"ngram k={ks[len(ks) // 2]}"]
+    spec_llm = LLM(model, speculative_config=spec, max_num_seqs=max(batches), **engine_args)
+    copy_prompts = list(groups["copy"].values())
+    sweep = []
+    for batch in batches:
+        prompts = [copy_prompts[i % len(copy_prompts)] for i in range(batch)]
+        plain, guessed = run_batch(base, prompts, greedy), run_batch(spec_llm, prompts, greedy)
+        sweep.append({"batch": batch, "plain_tok_s": plain, "spec_tok_s": guessed, "speedup": guessed / plain})
+    result["batch_sweep"] = {"setting": f"ngram k={spec['num_speculative_tokens']}", "rows": sweep}
+    print(format_table(sweep, ["batch", "plain_tok_s", "spec_tok_s", "speedup"]))
+    print(f"wrote {save_json(args.out, result)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
