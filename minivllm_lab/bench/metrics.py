@@ -176,9 +176,10 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join([header, "-" * len(header)] + [line(r) for r in cells])
 
 
-def hardware_name() -> str:
-    """The GPU's name, or the CPU's: every number we save must say what it was measured on."""
-    if torch.cuda.is_available():
+def hardware_name(device: str | None = None) -> str:
+    """The GPU's name, or the CPU's (on a CPU `device`, even where there is a GPU): every number we save must
+    say what it was measured on."""
+    if torch.cuda.is_available() and (device is None or str(device).startswith("cuda")):
         return torch.cuda.get_device_name()
     try:  # Linux: platform.processor() is often empty, /proc/cpuinfo names the model
         with open("/proc/cpuinfo") as f:
