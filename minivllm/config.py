@@ -250,11 +250,14 @@ class EngineConfig:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.speculative_config is not None:
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
+            if self.speculative_config.method == "draft_model" and self.tensor_parallel_size > 1:
+                raise ValueError("a draft model runs on rank 0 alone: speculative_config's 'draft_model' does not "
+                                 "combine with tensor_parallel_size > 1 (the 'ngram' method does)")
             if self.async_scheduling:
                 # A step's proposals depend on the tokens the step before accepted: the CPU cannot plan step
                 # n+1 while step n is on the GPU. (vLLM overlaps them with GPU-side proposers; not done here.)
-                logger.info("speculative decoding runs the CPU's work and the GPU's one after the other: "
-                            "async_scheduling is turned off")
+                logger.warning("speculative decoding runs the CPU's work and the GPU's one after the other: "
+                               "async_scheduling is turned off")
                 self.async_scheduling = False
 
     @property

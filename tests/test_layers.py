@@ -20,6 +20,7 @@ LAYERS = [
     ("core", ["minivllm.core"]),
     ("worker", ["minivllm.worker"]),
     ("executor", ["minivllm.executor"]),
+    ("speculative decoding", ["minivllm.spec_decode"]),
     ("engine", ["minivllm.engine"]),
     ("entrypoints", ["minivllm.chat", "minivllm.llm", "minivllm.server", "minivllm.cli", "minivllm.__main__",
                      "minivllm"]),

@@ -94,6 +94,27 @@ def test_a_stop_token_inside_the_kept_guesses_ends_the_answer_there(tiny_llama):
     assert_nothing_leaked(spec)
 
 
+def test_blocks_named_for_the_prefix_cache_hold_only_verified_tokens(tiny_llama):
+    """After every step, each block a running sequence has named for the prefix cache holds exactly that
+    sequence's tokens, all of them computed: never a guess that was not kept."""
+    folder, _ = tiny_llama
+    llm = LLM(folder, max_model_len=80, num_kv_blocks=60, block_size=2, speculative_config=NGRAM)
+    engine, checked = llm.llm_engine, 0
+    for i, prompt in enumerate([[5, 6, 7] * 5, [8, 9] * 6, [3, 4, 5, 6] * 3]):
+        engine.add_request(str(i), prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    blocks = engine.block_manager
+    while engine.has_unfinished_requests():
+        engine.step()
+        for seq in engine.scheduler.running:
+            for i in range(seq.num_cached_blocks):
+                block = blocks.blocks[seq.block_table[i]]
+                assert (i + 1) * blocks.block_size <= seq.num_computed_tokens <= len(seq)
+                assert block.tokens == tuple(seq.token_ids[i * blocks.block_size:(i + 1) * blocks.block_size])
+                checked += 1
+    assert checked > 0 and engine.get_stats()["num_accepted_tokens"] < engine.get_stats()["num_draft_tokens"]
+    assert_nothing_leaked(llm)
+
+
 def test_abort_mid_generation_gives_every_block_back(tiny_llama):
     folder, _ = tiny_llama
     llm = LLM(folder, max_model_len=80, num_kv_blocks=40, block_size=4, speculative_config=NGRAM)
@@ -132,6 +153,7 @@ def test_ngram_proposer_takes_the_longest_latest_match():
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, "min"),
     ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
     ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "unknown"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "adaptive": "yes"}, "adaptive"),
     ("ngram", "dict"),
 ])
 def test_bad_speculative_configs_are_refused(tiny_llama, spec, match):

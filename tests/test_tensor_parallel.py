@@ -138,6 +138,8 @@ OPTIONS = {
                                                                      max_num_batched_tokens=7),
     "no overlap, no prefix caching": dict(async_scheduling=False, enable_prefix_caching=False),
     "pool sized by the ranks (the smallest wins)": dict(num_kv_blocks=None),
+    # The verify forward of k + 1 tokens per sequence is broadcast like any step; rank 0 samples and checks.
+    "speculative decoding (n-gram)": dict(speculative_config={"method": "ngram", "num_speculative_tokens": 3}),
 }
 
 
