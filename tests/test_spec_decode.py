@@ -205,3 +205,30 @@ def test_the_server_speculates_with_the_same_answers_and_reports_it(tmp_path):
         assert 0 < values["minivllm:spec_decode_num_accepted_tokens_total"] <= \
             values["minivllm:spec_decode_num_draft_tokens_total"]
         assert values["minivllm:spec_decode_mean_acceptance_length"] > 1
+
+
+def test_async_llm_streams_a_draft_models_answers(tiny_llama):
+    """Through AsyncLLM (the engine core in its own process), a draft model gives the plain engine's tokens."""
+    import asyncio
+
+    from minivllm import AsyncLLM
+
+    folder, _ = tiny_llama
+    prompts = [[5, 6, 7] * 3, [1, 2, 3, 4]]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    plain = LLM(folder, max_model_len=80, num_kv_blocks=40)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    spec = {"method": "draft_model", "model": folder, "num_speculative_tokens": 3}
+    engine = AsyncLLM(folder, max_model_len=80, num_kv_blocks=40, speculative_config=spec)
+    try:
+        async def main():
+            async def last(i, prompt):
+                return [out async for out in engine.generate(prompt, params, f"r{i}")][-1]
+            return await asyncio.gather(*(last(i, p) for i, p in enumerate(prompts)))
+
+        outs = asyncio.run(main())
+        assert [o.outputs[0].token_ids for o in outs] == expected
+        stats = engine.get_stats()
+        assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0  # the target as its own draft
+    finally:
+        engine.shutdown()
