@@ -285,13 +285,14 @@ class Scheduler:
             if isinstance(new_tokens, int):
                 new_tokens = [new_tokens]
             if entry.draft_token_ids:
+                kept = len(new_tokens) - 1
                 self.num_drafts += 1
                 self.num_draft_tokens += len(entry.draft_token_ids)
-                self.num_accepted_tokens += len(new_tokens) - 1
-                kept = len(new_tokens) - 1  # an average over the last few steps (half the weight on this one)
+                self.num_accepted_tokens += kept
+                # For adaptive guessing: an average over the last few steps (half the weight on this one).
                 seq.recent_accepted = kept if seq.recent_accepted is None else (seq.recent_accepted + kept) / 2
                 # The kept guesses were computed from the right tokens: their keys and values stay.
-                seq.num_computed_tokens += len(new_tokens) - 1
+                seq.num_computed_tokens += kept
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = now
             for token in new_tokens:
@@ -303,8 +304,8 @@ class Scheduler:
             if not seq.is_finished:
                 self.blocks.cache_full_blocks(seq)  # a block the new tokens complete
                 if entry.verify and self.blocks.free_tail(seq, len(seq)):  # the slots of guesses not kept
-                    kept = self._truncated.get(seq.request_id, len(seq.block_table))
-                    self._truncated[seq.request_id] = min(kept, len(seq.block_table))
+                    left = len(seq.block_table)
+                    self._truncated[seq.request_id] = min(self._truncated.get(seq.request_id, left), left)
             advanced.append(seq)
         return advanced
 
