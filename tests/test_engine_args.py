@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.config import EngineConfig
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -44,3 +45,19 @@ def test_chat_message_without_a_role():
     llm = LLM("smollm2-135m", max_model_len=128, num_kv_blocks=16)
     with pytest.raises(ValueError, match=r"messages\[1\].role"):
         llm.chat([{"role": "user", "content": "hi"}, {"content": "no role"}])
+
+
+def test_the_memory_limit_sizes_the_kv_budget_as_on_a_gpu_of_that_size(monkeypatch):
+    """gpu_memory_limit_bytes (the T4 profile's 15 GiB on a bigger GPU): gpu_memory_utilization is a share of
+    the limit, and what other processes hold does not count; without it, of the whole GPU minus theirs."""
+    from minivllm.worker import kv_cache
+    GiB = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * GiB, 140 * GiB))  # 40 GiB in use
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 10 * GiB)             # 10 of them ours
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 5 * GiB)         # weights + peak
+    whole = kv_cache.kv_cache_budget_bytes("cuda", 0.9)
+    assert whole == int(140 * GiB * 0.9 - 30 * GiB - 5 * GiB)
+    limited = kv_cache.kv_cache_budget_bytes("cuda", 0.9, gpu_memory_limit_bytes=15 * GiB)
+    assert limited == int(15 * GiB * 0.9 - 5 * GiB)
+    with pytest.raises(ValueError, match="gpu_memory_limit_bytes"):
+        EngineConfig("m", device="cpu", gpu_memory_limit_bytes=0)
