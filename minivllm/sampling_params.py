@@ -27,6 +27,13 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     seed: int | None = None       # per-request generator: same seed, same tokens
     stop: list[str] | str | None = None  # strings that end the answer (not included in its text)
+    # Logits processing (vLLM's and OpenAI's meanings), applied on the device before sampling, greedy too:
+    presence_penalty: float = 0.0     # minus this from every token already in the answer
+    frequency_penalty: float = 0.0    # minus this times how often the token is in the answer
+    repetition_penalty: float = 1.0   # tokens in the prompt or the answer: logit / r if > 0, else logit * r
+    min_p: float = 0.0                # drop tokens less likely than min_p times the most likely one
+    min_tokens: int = 0               # no end of sequence (EOS, stop_token_ids) before this many tokens
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
 
     def __post_init__(self):
         # Values arrive from JSON bodies and CLI flags too: a wrong one gets a clear message here,
@@ -52,6 +59,30 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be a list of token ids (integers >= 0), "
                              f"got {_show(self.stop_token_ids)}")
         self.stop, self.stop_token_ids = list(stop or []), list(self.stop_token_ids or [])  # copies
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_real(name, getattr(self, name))
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        _check_real("repetition_penalty", self.repetition_penalty)
+        if not 0 < self.repetition_penalty <= 100:
+            raise ValueError(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}")
+        _check_real("min_p", self.min_p)
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        _check_int("min_tokens", self.min_tokens, 0, self.max_tokens)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    _is_int(t) and 0 <= t <= INT64_MAX and (_is_int(b) or isinstance(b, float))
+                    and -100 <= b <= 100 for t, b in self.logit_bias.items()):  # (NaN fails the range)
+                raise ValueError(f"logit_bias must map token ids (integers >= 0) to numbers in [-100, 100], "
+                                 f"got {_show(self.logit_bias)}")
+            self.logit_bias = {t: float(b) for t, b in self.logit_bias.items()} or None  # {} asks for nothing
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any penalty, bias, min_p or min_tokens changes the logits before sampling."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1 or self.min_p
+                    or self.min_tokens or self.logit_bias)
 
     @property
     def greedy(self) -> bool:

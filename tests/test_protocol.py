@@ -91,11 +91,24 @@ BAD = [  # (field, value): refused on both endpoints, with the field's name in t
     ("stream", 1), ("stream", "true"), ("stream", [True]), ("stream", {}),
     ("stream_options", True), ("stream_options", []), ("stream_options", "x"),
     ("user", 5), ("user", ["u"]), ("user", {}),
-    ("presence_penalty", 0.5), ("presence_penalty", -1), ("presence_penalty", "0"), ("presence_penalty", False),
-    ("presence_penalty", math.nan), ("frequency_penalty", 1), ("frequency_penalty", [0]),
-    ("logprobs", True), ("logprobs", 1), ("logprobs", 0), ("logit_bias", {"50256": -100}), ("logit_bias", []),
-    ("repetition_penalty", 1.2), ("min_p", 0.1), ("min_tokens", 4),
+    ("presence_penalty", 2.5), ("presence_penalty", "0"), ("presence_penalty", False), ("presence_penalty", math.nan),
+    ("frequency_penalty", -3), ("frequency_penalty", [0]), ("frequency_penalty", 10**30),
+    ("logprobs", True), ("logprobs", 1), ("logprobs", 0),
+    ("logit_bias", []), ("logit_bias", {"a": 1}), ("logit_bias", {"-1": 1}), ("logit_bias", {"1": 1000}),
+    ("logit_bias", {"1": "x"}), ("logit_bias", {"1": math.nan}), ("logit_bias", {"9" * 40: 1}),
+    ("repetition_penalty", 0), ("repetition_penalty", -1), ("repetition_penalty", "1"),
+    ("min_p", 1.5), ("min_p", -0.1), ("min_tokens", -1), ("min_tokens", 10**30), ("min_tokens", 100),
+    ("min_tokens", 1.0),
 ]
+
+
+def test_logits_processing_fields_reach_the_sampling_params():
+    for chat in (False, True):
+        body = {**base(chat), "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
+                "min_p": 0.1, "min_tokens": 4, "logit_bias": {"7": -100, "12": 2.5}}
+        params = parse_request(body, chat).params
+        assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1, 1.2)
+        assert (params.min_p, params.min_tokens, params.logit_bias) == (0.1, 4, {7: -100.0, 12: 2.5})
 
 
 @pytest.mark.parametrize("chat", [False, True])

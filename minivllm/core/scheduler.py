@@ -194,6 +194,8 @@ class Scheduler:
         if not self.num_lookahead_tokens or (self.spec_disable_by_batch_size is not None
                                              and len(self.running) >= self.spec_disable_by_batch_size):
             return 0
+        if seq.params.processes_logits:  # penalties change with every token kept: no guesses to verify at once
+            return 0
         k = self.num_lookahead_tokens
         if self.spec_adaptive and seq.recent_accepted is not None:  # one more than it has been keeping
             k = min(k, 1 + int(seq.recent_accepted + 0.5))

@@ -30,17 +30,28 @@ class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
     ignore_eos: bool
     stop_token_ids: list[int]
     seed: int | None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
 
     @classmethod
     def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> EngineCoreRequest:
         return cls(request_id, prompt_token_ids, float(params.temperature), float(params.top_p), params.top_k,
-                   params.max_tokens, params.ignore_eos, params.stop_token_ids, params.seed)
+                   params.max_tokens, params.ignore_eos, params.stop_token_ids, params.seed,
+                   float(params.presence_penalty), float(params.frequency_penalty), float(params.repetition_penalty),
+                   float(params.min_p), params.min_tokens, params.logit_bias)
 
     def sampling_params(self) -> SamplingParams:
         """Checked again (SamplingParams raises ValueError): what arrives on a socket is not trusted."""
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
-                              stop_token_ids=self.stop_token_ids, seed=self.seed)
+                              stop_token_ids=self.stop_token_ids, seed=self.seed,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty, min_p=self.min_p,
+                              min_tokens=self.min_tokens, logit_bias=self.logit_bias)
 
 
 class AbortRequests(msgspec.Struct, tag="abort", frozen=True):

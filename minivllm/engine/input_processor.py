@@ -61,6 +61,10 @@ class InputProcessor:
         if need > self.num_total_blocks:
             raise ValueError(f"request needs up to {need} KV blocks but the pool has "
                              f"{self.num_total_blocks}: it could never run")
+        outside = [t for t in (params.logit_bias or {}) if t >= self.vocab_size]
+        if outside:
+            raise ValueError(f"logit_bias names token ids outside the vocabulary (0..{self.vocab_size - 1}): "
+                             f"{outside[:5]}")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         return text, token_ids, params

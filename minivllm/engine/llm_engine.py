@@ -94,6 +94,7 @@ class LLMEngine:
             warnings.warn("prefix caching is turned off for models with a sliding window")
             prefix_caching = False
         block_size = config.block_size if config.enable_paged_kv else max_model_len
+        eos_token_ids = generation_eos_ids(cfg, source.folder)
 
         if tp_size() > 1:  # the layers read the group of this process: it can hold one split model only
             raise RuntimeError("a tensor-parallel engine is running in this process: shut it down "
@@ -103,7 +104,8 @@ class LLMEngine:
         runner_args = dict(model_config=cfg, device=config.device, dtype=dtype, max_model_len=max_model_len,
                            block_size=block_size, max_num_seqs=config.max_num_seqs,
                            folder=None if config.load_format == "dummy" else source.folder, seed=config.seed,
-                           backend=config.attention_backend, gpu_memory_limit_bytes=config.gpu_memory_limit_bytes)
+                           backend=config.attention_backend, gpu_memory_limit_bytes=config.gpu_memory_limit_bytes,
+                           eos_token_ids=tuple(eos_token_ids))
         executor = make_executor(runner_args, config.tensor_parallel_size, config.device)
         try:  # a failure from here on stops the workers already started
             spec = config.speculative_config
@@ -130,7 +132,7 @@ class LLMEngine:
             executor.shutdown()
             raise
         scheduler = Scheduler(BlockManager(num_blocks, block_size, prefix_caching), config.max_num_seqs,
-                              max_num_batched_tokens, max_model_len, generation_eos_ids(cfg, source.folder),
+                              max_num_batched_tokens, max_model_len, eos_token_ids,
                               config.enable_chunked_prefill, cfg.sliding_window,
                               continuous=config.enable_continuous_batching,
                               num_lookahead_tokens=config.num_speculative_tokens,

@@ -8,9 +8,11 @@ where a number belongs, NaN, 10**30 or a nested list stop here, not as a 500 fro
 
 Requests: `/v1/completions` (a text or token-id prompt) and `/v1/chat/completions` (messages).
 Fields read: model, prompt | messages, max_tokens (chat: also max_completion_tokens), temperature,
-top_p, top_k, seed, stop, n (1 only), stream, stream_options.include_usage, user (ignored), and
-vLLM's ignore_eos and stop_token_ids. null means "the default" for every one but model and the prompt.
-Fields that would change the answer but are not implemented (logprobs, tools, penalties, ...) are
+top_p, top_k, seed, stop, n (1 only), stream, stream_options.include_usage, user (ignored),
+presence_penalty, frequency_penalty, logit_bias (token ids as strings, as OpenAI sends them), and vLLM's
+ignore_eos, stop_token_ids, repetition_penalty, min_p and min_tokens. null means "the default" for every
+one but model and the prompt.
+Fields that would change the answer but are not implemented (logprobs, tools, response_format, ...) are
 refused by name, unless their value asks for nothing (null, false, 0, []): a client that asks for
 them must not get an answer that silently lacks them. Unknown fields are ignored, as vLLM does.
 """
@@ -48,8 +50,7 @@ class ParsedRequest:
 
 # Fields this server does not implement, with the values that ask for nothing (null always does).
 # A value matches only with its own type: `"n": true` or `"best_of": 1.0` is no default.
-_UNSUPPORTED = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": ({},),
-                "logprobs": (False,), "min_p": (0, 0.0), "repetition_penalty": (1, 1.0), "min_tokens": (0,)}
+_UNSUPPORTED = {"logprobs": (False,)}
 _UNSUPPORTED_CHAT = {**_UNSUPPORTED, "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",),
                      "response_format": ({"type": "text"},)}
 _UNSUPPORTED_COMPLETIONS = {**_UNSUPPORTED, "echo": (False,), "best_of": (1,), "suffix": ("",)}
@@ -90,6 +91,12 @@ def parse_request(body, chat: bool) -> ParsedRequest:
             stop_token_ids=body.get("stop_token_ids"),
             seed=body.get("seed"),
             stop=body.get("stop"),
+            presence_penalty=_or(body.get("presence_penalty"), 0.0),
+            frequency_penalty=_or(body.get("frequency_penalty"), 0.0),
+            repetition_penalty=_or(body.get("repetition_penalty"), 1.0),
+            min_p=_or(body.get("min_p"), 0.0),
+            min_tokens=_or(body.get("min_tokens"), 0),
+            logit_bias=_logit_bias(_get(body, "logit_bias", dict)),
         )
     except ValueError as e:  # its message names the field; the client's own name for max_tokens
         message = str(e)
@@ -97,6 +104,18 @@ def parse_request(body, chat: bool) -> ParsedRequest:
             message = tokens_name + message[len("max_tokens"):]
         raise APIError(message) from None
     return ParsedRequest(prompt, params, stream, include_usage, max_tokens is not None, model)
+
+
+def _logit_bias(bias: dict | None) -> dict | None:
+    """OpenAI's logit_bias keys are token ids written as strings ("50256"); SamplingParams checks the rest."""
+    if bias is None:
+        return None
+    ids = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 19):
+            raise APIError(f"'logit_bias' keys must be token ids (digits), got {_show(key)}")
+        ids[int(key)] = value
+    return ids
 
 
 def _or(value, default):

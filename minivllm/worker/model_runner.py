@@ -38,7 +38,7 @@ from .block_table import BlockTable
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
 from .rejection_sampler import RejectionSampler
-from .sampler import Sampler
+from .sampler import Sampler, process_logits
 
 
 class SampledTokens:
@@ -88,7 +88,8 @@ class BatchLayout:
 
 class ModelRunner:
     def __init__(self, model_config, device, dtype, max_model_len: int, block_size: int, max_num_seqs: int,
-                 folder=None, seed: int = 0, backend: str = "torch", gpu_memory_limit_bytes: int | None = None):
+                 folder=None, seed: int = 0, backend: str = "torch", gpu_memory_limit_bytes: int | None = None,
+                 eos_token_ids=()):
         self.model_config = model_config
         self.device = torch.device(device)
         if self.device.type == "cuda" and tp_size() > 1:  # each rank's streams and graphs on its own GPU
@@ -100,7 +101,7 @@ class ModelRunner:
         self.gpu_memory_limit_bytes = gpu_memory_limit_bytes
         self.model = build_model(model_config, self.device, dtype, max_model_len, folder, seed, backend)
         self.attn_backend = self.model.attn_backend  # chosen once, when the model was built
-        self.sampler = Sampler(self.device, seed)
+        self.sampler = Sampler(self.device, seed, eos_token_ids)
         self.rejection_sampler = RejectionSampler(self.device, self.sampler.generator)
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: DecodeGraphs | None = None
@@ -237,6 +238,18 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, self.attn_backend.build_metadata(meta))
         return self.model.compute_logits(hidden[sample_index])
 
+    def _in_flight_tokens(self, seqs, processed: list[int]) -> torch.Tensor | None:
+        """[B] the token each processed row's sequence sampled in the step still in flight (-1: none), on the
+        device, for the penalties that count the answer's tokens; None when there is none."""
+        src = [-1] * len(seqs)
+        for i in processed:
+            if seqs[i].num_output_placeholders > 1:  # this step's placeholder, and the one before it
+                src[i] = self._last_sampled_rows.get(seqs[i].request_id, -1)
+        if max(src, default=-1) < 0:
+            return None
+        src = torch.tensor(src, device=self.device)
+        return torch.where(src >= 0, self._last_sampled[src.clamp(min=0)], -1)
+
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput,
                draft_probs: torch.Tensor | None = None) -> SampledTokens | VerifiedTokens:
@@ -247,8 +260,15 @@ class ModelRunner:
         drafts = [e.draft_token_ids for e in scheduler_output.entries if e.samples]
         if any(drafts):
             self._last_sampled_rows = {}  # (no overlap while speculating: nothing reads them)
+            processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
+            if processed:  # they get no guesses (the scheduler's rule): one row each here
+                first_rows = [sum(len(d) + 1 for d in drafts[:i]) for i in range(len(seqs))]
+                logits = logits.clone()
+                logits[first_rows] = process_logits(logits[first_rows], seqs, processed, self.sampler.eos_token_ids)
             return VerifiedTokens(self.rejection_sampler(logits, seqs, drafts, draft_probs))
-        tokens = self.sampler(logits, seqs) if seqs else self._last_sampled[:0]
+        processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
+        tokens = (self.sampler(logits, seqs, processed, self._in_flight_tokens(seqs, processed)) if seqs
+                  else self._last_sampled[:0])
         self._last_sampled = tokens
         self._last_sampled_rows = {seq.request_id: i for i, seq in enumerate(seqs)}
         return SampledTokens(tokens, self.copy_stream)

@@ -23,13 +23,16 @@ import torch
 
 
 def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor) -> torch.Tensor:
+                 top_p: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
     """[R, V] logits -> [R, V] the distribution the sampler would draw from: one-hot argmax for
-    temperature 0, else softmax of the temperature-scaled logits after top-k and top-p."""
+    temperature 0, else softmax of the temperature-scaled logits after top-k, top-p and min-p."""
     from .sampler import apply_top_k_top_p
     greedy = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-    scaled = apply_top_k_top_p(logits / temperature.clamp_min(1e-5)[:, None], top_k, top_p)
-    return torch.where((temperature == 0)[:, None], greedy, scaled.softmax(-1))
+    probs = apply_top_k_top_p(logits / temperature.clamp_min(1e-5)[:, None], top_k, top_p).softmax(-1)
+    if min_p is not None:
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return torch.where((temperature == 0)[:, None], greedy, probs)
 
 
 def rejection_sample(probs: torch.Tensor, draft_tokens: torch.Tensor, num_drafts: torch.Tensor,
@@ -100,9 +103,10 @@ class RejectionSampler:
             return greedy_verify(logits.argmax(-1).tolist(), drafts)
         B, K = len(seqs), max(len(d) for d in drafts)
         rows_per_seq = torch.tensor([len(d) + 1 for d in drafts])
-        per_row = torch.tensor([[p.temperature, p.top_k, p.top_p] for p in params], dtype=torch.float32)
+        per_row = torch.tensor([[p.temperature, p.top_k, p.top_p, p.min_p] for p in params], dtype=torch.float32)
         per_row = per_row.repeat_interleave(rows_per_seq, dim=0).to(self.device)
-        probs_flat = target_probs(logits, per_row[:, 0], per_row[:, 1].long(), per_row[:, 2])
+        probs_flat = target_probs(logits, per_row[:, 0], per_row[:, 1].long(), per_row[:, 2],
+                                  per_row[:, 3] if any(p.min_p for p in params) else None)
         # Into [B, K+1, V], rows past a sequence's own k + 1 left as zeros (never read: is_draft masks them).
         probs = torch.zeros(B, K + 1, logits.shape[-1], device=self.device, dtype=probs_flat.dtype)
         slot = torch.cat([torch.arange(n) for n in rows_per_seq.tolist()]).to(self.device)
