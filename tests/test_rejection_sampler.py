@@ -11,7 +11,8 @@ model's guesses as sure ones, q forgotten, is not such a mutation: that rule is 
 import pytest
 import torch
 
-from minivllm.worker.rejection_sampler import rejection_sample, target_probs
+from minivllm.worker.rejection_sampler import rejection_sample
+from minivllm.worker.sampler import sampling_probs
 
 V, K, N = 6, 3, 40_000
 # The chi-square critical value for 5 degrees of freedom (V - 1) at p = 1e-4.
@@ -81,7 +82,7 @@ def test_a_wrong_rule_fails_the_same_test(rule):
 
 def test_greedy_keeps_guesses_equal_to_the_argmax_then_corrects():
     logits = torch.tensor([[0.0, 5.0, 1.0], [4.0, 0.0, 1.0], [0.0, 0.0, 9.0]])
-    probs = target_probs(logits, torch.zeros(3), torch.full((3,), -1), torch.ones(3))
+    probs = sampling_probs(logits, torch.zeros(3), torch.full((3,), -1), torch.ones(3))
     tokens, emitted = rejection_sample(probs[None], torch.tensor([[1, 2]]), torch.tensor([2]), None,
                                        torch.rand(1, 2), torch.empty(1, 3).exponential_())
     assert tokens[0, :emitted[0]].tolist() == [1, 0]  # guess 1 is the argmax; guess 2 is not: the argmax, 0
@@ -89,7 +90,7 @@ def test_greedy_keeps_guesses_equal_to_the_argmax_then_corrects():
 
 def test_all_guesses_kept_gives_one_more_token():
     logits = torch.tensor([[0.0, 9.0], [9.0, 0.0], [0.0, 9.0]])
-    probs = target_probs(logits, torch.zeros(3), torch.full((3,), -1), torch.ones(3))
+    probs = sampling_probs(logits, torch.zeros(3), torch.full((3,), -1), torch.ones(3))
     tokens, emitted = rejection_sample(probs[None], torch.tensor([[1, 0]]), torch.tensor([2]), None,
                                        torch.rand(1, 2), torch.empty(1, 2).exponential_())
     assert tokens[0, :emitted[0]].tolist() == [1, 0, 1]

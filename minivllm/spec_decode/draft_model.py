@@ -26,7 +26,7 @@ import torch
 from ..core.scheduler import ScheduledSequence, SchedulerOutput
 from ..models.loader import resolve_model
 from ..worker.model_runner import ModelRunner
-from ..worker.rejection_sampler import target_probs
+from ..worker.sampler import sampling_probs
 
 
 @dataclass
@@ -102,7 +102,7 @@ class DraftModelProposer:
         logits = self.runner.execute_model(step)
         params = [e.seq.params for e in entries]
         per_row = torch.tensor([[p.temperature, p.top_k, p.top_p] for p in params], device=logits.device)
-        q = target_probs(logits, per_row[:, 0], per_row[:, 1].long(), per_row[:, 2])
+        q = sampling_probs(logits, per_row[:, 0], per_row[:, 1].long(), per_row[:, 2])
         races = torch.empty_like(q)
         for row, e in enumerate(entries):
             races[row].exponential_(generator=e.seq.generator or self.runner.sampler.generator)

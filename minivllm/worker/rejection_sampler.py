@@ -21,18 +21,7 @@ from __future__ import annotations
 
 import torch
 
-
-def target_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor, min_p: torch.Tensor | None = None) -> torch.Tensor:
-    """[R, V] logits -> [R, V] the distribution the sampler would draw from: one-hot argmax for
-    temperature 0, else softmax of the temperature-scaled logits after top-k, top-p and min-p."""
-    from .sampler import apply_top_k_top_p
-    greedy = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-    probs = apply_top_k_top_p(logits / temperature.clamp_min(1e-5)[:, None], top_k, top_p).softmax(-1)
-    if min_p is not None:
-        probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(-1, keepdim=True), 0.0)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return torch.where((temperature == 0)[:, None], greedy, probs)
+from .sampler import sampling_probs
 
 
 def rejection_sample(probs: torch.Tensor, draft_tokens: torch.Tensor, num_drafts: torch.Tensor,
@@ -105,7 +94,7 @@ class RejectionSampler:
         rows_per_seq = torch.tensor([len(d) + 1 for d in drafts])
         per_row = torch.tensor([[p.temperature, p.top_k, p.top_p, p.min_p] for p in params], dtype=torch.float32)
         per_row = per_row.repeat_interleave(rows_per_seq, dim=0).to(self.device)
-        probs_flat = target_probs(logits, per_row[:, 0], per_row[:, 1].long(), per_row[:, 2],
+        probs_flat = sampling_probs(logits, per_row[:, 0], per_row[:, 1].long(), per_row[:, 2],
                                   per_row[:, 3] if any(p.min_p for p in params) else None)
         # Into [B, K+1, V], rows past a sequence's own k + 1 left as zeros (never read: is_draft masks them).
         probs = torch.zeros(B, K + 1, logits.shape[-1], device=self.device, dtype=probs_flat.dtype)

@@ -78,26 +78,35 @@ def process_logits(logits: torch.Tensor, seqs, rows: list[int], eos_token_ids,
     return logits
 
 
-def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           generators: list, default_generator: torch.Generator | None = None,
-           filter_top: bool = True, min_p: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [B, V] float32; per-row temperature/top_k/top_p [B]; generators: one per row or None.
-    Returns the next token of each row, [B] int64. `filter_top=False` skips the sort when the
-    caller knows (from the host-side params: asking the device would cost a synchronisation)
-    that no row uses top-k or top-p."""
-    greedy_tokens = logits.argmax(dim=-1)
+def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                   min_p: torch.Tensor | None = None, filter_top: bool = True) -> torch.Tensor:
+    """[R, V] logits -> [R, V] the distribution each row draws from: one-hot on the argmax for temperature 0
+    (greedy), else the softmax of the temperature-scaled logits after top-k, top-p and min-p. The sampler
+    draws from it; the rejection sampler of speculative decoding checks guesses against it. `filter_top=False`
+    skips the sort when the caller knows (from the host-side params: asking the device would cost a
+    synchronisation) that no row uses top-k or top-p."""
+    greedy = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
     logits = logits / temperature.clamp_min(1e-5)[:, None]  # greedy rows are replaced below
     if filter_top:
         logits = apply_top_k_top_p(logits, top_k, top_p)
     probs = logits.softmax(dim=-1)
     if min_p is not None:  # drop tokens less likely than min_p times the most likely one
         probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return torch.where((temperature == 0)[:, None], greedy, probs)
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           generators: list, default_generator: torch.Generator | None = None,
+           filter_top: bool = True, min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, V] float32; per-row temperature/top_k/top_p (and min_p) [B]; generators: one per row or
+    None. Returns the next token of each row, [B] int64."""
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p, filter_top)
     race = torch.empty_like(probs).exponential_(generator=default_generator)
     for row, generator in enumerate(generators):
         if generator is not None:
             race[row].exponential_(generator=generator)
-    sampled = (probs / race).argmax(dim=-1)
-    return torch.where(temperature == 0, greedy_tokens, sampled)
+    return (probs / race).argmax(dim=-1)  # a greedy row's one-hot picks its argmax whatever the race
 
 
 class Sampler:

@@ -29,7 +29,7 @@ from minivllm.chat import encode_chat
 from minivllm.models.loader import resolve_model
 
 from ..machine import free_memory, tiny_checkpoint
-from .metrics import format_table, hardware_name, median, save_json
+from .metrics import cuda_time_ms, format_table, hardware_name, median, save_json
 
 DOCUMENT = (
     "Returns policy. Items can be returned within 30 days of delivery for a full refund. To start a return, "
@@ -96,16 +96,8 @@ def forward_ms(llm: LLM, tokens_per_seq: list[int], batches: list[int], repeats:
             positions = torch.arange(t, device=device).repeat(batch)
             cu = torch.arange(0, batch * t + 1, t, device=device, dtype=torch.int32)
             meta = NoCacheMetadata(cu, t)
-            times = []
-            for i in range(repeats + 2):
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                model.compute_logits(model(ids, positions, meta))
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if i >= 2:  # two warm-up calls
-                    times.append((time.perf_counter() - start) * 1e3)
+            times = cuda_time_ms(lambda: model.compute_logits(model(ids, positions, meta)), warmup=2,
+                                 repeats=repeats, device=device)
             rows.append({"batch": batch, "tokens_per_seq": t, "forward_ms": median(times)})
     return rows
 
