@@ -24,6 +24,7 @@ hold. Only rank 0 samples.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -258,15 +259,14 @@ class ModelRunner:
         model's distributions, [sampling sequences, k, vocab]; None for sure guesses such as n-grams)."""
         seqs = scheduler_output.sampled_seqs
         drafts = [e.draft_token_ids for e in scheduler_output.entries if e.samples]
+        processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
         if any(drafts):
             self._last_sampled_rows = {}  # (no overlap while speculating: nothing reads them)
-            processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
             if processed:  # they get no guesses (the scheduler's rule): one row each here
-                first_rows = [sum(len(d) + 1 for d in drafts[:i]) for i in range(len(seqs))]
+                first_rows = list(itertools.accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
                 logits = logits.clone()
                 logits[first_rows] = process_logits(logits[first_rows], seqs, processed, self.sampler.eos_token_ids)
             return VerifiedTokens(self.rejection_sampler(logits, seqs, drafts, draft_probs))
-        processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
         tokens = (self.sampler(logits, seqs, processed, self._in_flight_tokens(seqs, processed)) if seqs
                   else self._last_sampled[:0])
         self._last_sampled = tokens
