@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where a served step's time goes on the GPU: `minivllm serve` (engine core in its own process) under W3
-# with all 1000 requests at once, while the CPU time of the frontend and of the core process is sampled
-# from /proc every 0.5 s, and py-spy (when the machine lets it attach) records both for 8 s.
+# with all 1000 requests at once, while the CPU time of the frontend, of the core process and of the load
+# client (one Python process too: it could be the limit) is sampled from /proc every 0.5 s, and py-spy
+# (when the machine lets it attach) records all three for 8 s.
 # The Mistral-7B-Instruct shape in bf16 with random weights. Usage (repo root, wheels on PYTHONPATH):
 #   bash scripts/gpu_profile_serve.sh            -> $OUT/profile_serve.tgz
 set -o pipefail
@@ -24,10 +25,12 @@ sample $core core >> "$OUT/cpu.txt" & s2=$!
 python3 -m minivllm_lab.bench.serve --base-url http://127.0.0.1:$PORT --endpoint chat --label "minivllm (process)" \
   --request-rate inf --num-prompts 1000 --vocab-size 32000 --timeout 600 --out "$OUT/served.json" > "$OUT/bench.log" 2>&1 &
 bench=$!
+sample $bench client >> "$OUT/cpu.txt" & s3=$!
 sleep 5
+py-spy record --pid $bench --duration 8 --rate 100 --format raw --output "$OUT/client.txt" --nonblocking > "$OUT/pyspy_client.log" 2>&1 &
 py-spy record --pid $server --duration 8 --rate 100 --format raw --output "$OUT/frontend.txt" --nonblocking > "$OUT/pyspy_frontend.log" 2>&1 &
 py-spy record --pid $core --duration 8 --rate 100 --format raw --output "$OUT/core.txt" --nonblocking > "$OUT/pyspy_core.log" 2>&1 &
 wait $bench
 tail -30 "$OUT/bench.log"
-kill -INT $server; sleep 5; kill -9 $server 2>/dev/null; kill $s1 $s2 2>/dev/null
+kill -INT $server; sleep 5; kill -9 $server 2>/dev/null; kill $s1 $s2 $s3 2>/dev/null
 (cd "$OUT" && tar czf profile_serve.tgz --exclude=profile_serve.tgz *.txt *.log *.json 2>/dev/null)

@@ -190,18 +190,23 @@ def test_plot_of_two_servers(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_run_against_the_real_server(tiny_llama, tmp_path, capsys):
+    """One client process, then the requests dealt out to two (--num-clients): the same requests, all answered."""
     from server_utils import running_server
-    out = tmp_path / "serve.json"
+    outs = {n: tmp_path / f"serve{n}.json" for n in (1, 2)}
     with running_server(tiny_llama[0], "--max-model-len", "256", "--num-kv-blocks", "64") as base_url:
-        main(["--smoke", "--base-url", base_url, "--vocab-size", "211", "--label", "minivllm", "--out", str(out)])
-    result = json.loads(out.read_text())
-    assert result["model"] and result["label"] == "minivllm" and len(result["rates"]) == 2
-    for row in result["rates"]:
-        assert row["errors"] == {} and row["successful"] == 8
-        assert row["output_tokens"] == 8 * 8 and row["input_tokens"] == sum(
-            len(p) for p in w3(211, seed=row["workload_seed"], num_requests=8, system_len=16, min_user=4,
-                               max_user=16, output_len=8).prompts)
-        assert row["ttft_p50_s"] > 0 and row["tpot_p50_s"] > 0
-    assert (tmp_path / "serve.png").stat().st_size > 0
+        for n, out in outs.items():
+            main(["--smoke", "--base-url", base_url, "--vocab-size", "211", "--label", "minivllm", "--out", str(out),
+                  "--num-clients", str(n)])
+    for n, out in outs.items():
+        result = json.loads(out.read_text())
+        assert result["model"] and result["label"] == "minivllm" and len(result["rates"]) == 2
+        assert result["workload"]["num_clients"] == n
+        for row in result["rates"]:
+            assert row["errors"] == {} and row["successful"] == 8
+            assert row["output_tokens"] == 8 * 8 and row["input_tokens"] == sum(
+                len(p) for p in w3(211, seed=row["workload_seed"], num_requests=8, system_len=16, min_user=4,
+                                   max_user=16, output_len=8).prompts)
+            assert row["ttft_p50_s"] > 0 and row["tpot_p50_s"] > 0
+        assert out.with_suffix(".png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "minivllm at inf req/s" in printed and "P99 TPOT (ms):" in printed and "capacity within the SLO" in printed

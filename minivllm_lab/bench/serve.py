@@ -10,6 +10,11 @@ user waits. So requests are sent as customers come (Poisson arrivals, or all at 
 and timed on the client, as vLLM's ``benchmarks/benchmark_serving.py`` does, in one small client
 that any server can be measured with. Each rate prints vLLM's table; the JSON keeps every rate, and
 the capacity: the highest rate served within the reading-speed SLO (see ``serve_stats``).
+
+One Python process parsing a thousand streams is itself a limit: on the H200 a single client process
+sat at 100% of its core while the server's frontend was half idle (scripts/gpu_profile_serve.sh), so it
+measured itself. ``--num-clients N`` deals the requests out to N client processes (request i to process
+i mod N), which keep the same arrival schedule on the same clock and send back their results.
 """
 from __future__ import annotations
 
@@ -18,8 +23,10 @@ import asyncio
 import contextlib
 import json
 import math
+import multiprocessing
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -51,6 +58,8 @@ def parse_args(argv=None):
                                                         "(default 1,2,4,8,inf; 4,inf with --smoke)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 is Poisson")
     p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)")
+    p.add_argument("--num-clients", type=int, default=1,
+                   help="client processes the requests are dealt out to, so that the client is not the limit")
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--vocab-size", type=int, default=32000,
                    help="token ids are drawn below it: at most the model's vocabulary (Llama-2, Mistral: 32000)")
@@ -80,9 +89,10 @@ def make_requests(args, model: str, work, system_len: int) -> list[tuple[dict, i
 
 
 async def run_rate(client, url: str, requests: list[tuple[dict, int]], arrivals: list[float],
-                   max_concurrency: int | None, progress_desc: str | None):
-    """Send each request at its arrival time; return the results (in request order) and the wall time.
-    A progress bar counts finished requests unless ``progress_desc`` is None."""
+                   max_concurrency: int | None, progress_desc: str | None, start: float | None = None):
+    """Send each request at its arrival time (seconds after ``start``, a ``time.perf_counter()`` moment; default
+    now); return the results (in request order) and the wall time. A progress bar counts finished requests
+    unless ``progress_desc`` is None."""
     # The semaphore models a client with a fixed pool of workers; a request waiting for it is timed
     # from when it is sent, as in vLLM, since that wait is the client's, not the server's.
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
@@ -95,11 +105,51 @@ async def run_rate(client, url: str, requests: list[tuple[dict, int]], arrivals:
         bar.update(1)
         return result
 
-    start = time.perf_counter()
+    start = time.perf_counter() if start is None else start
     results = await asyncio.gather(*(one(i) for i in range(len(requests))))
     duration = time.perf_counter() - start
     bar.close()
     return results, duration
+
+
+def _client_process(url: str, requests, arrivals, max_concurrency, timeout: float, start: float):
+    """One of --num-clients: its share of a rate's requests, on its own event loop and connections.
+    ``start`` is the parent's perf_counter moment: the same clock in every process of the machine."""
+    raise_open_file_limit()
+
+    async def share():
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+            results, _ = await run_rate(client, url, requests, arrivals, max_concurrency, None, start)
+        return results, time.perf_counter()
+
+    return asyncio.run(share())
+
+
+def start_client_processes(n: int) -> ProcessPoolExecutor:
+    """N fresh interpreters (spawn), each with this module imported, before anything is timed."""
+    pool = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"))
+    list(pool.map(_ready, range(n)))
+    return pool
+
+
+def _ready(_) -> bool:
+    return True
+
+
+async def run_rate_in_processes(pool, n: int, url: str, requests, arrivals, max_concurrency: int | None,
+                                timeout: float):
+    """run_rate over N client processes: request i in process i mod N; the results back in request order,
+    and the wall time from the common start to the last request's end."""
+    start = time.perf_counter() + 0.5  # time for every process to receive its share before the first arrival
+    per_client = -(-max_concurrency // n) if max_concurrency else None
+    shares = await asyncio.gather(*(
+        asyncio.wrap_future(pool.submit(_client_process, url, requests[k::n], arrivals[k::n], per_client, timeout,
+                                        start)) for k in range(n)))
+    results = [None] * len(requests)
+    for k, (share, _) in enumerate(shares):
+        results[k::n] = share
+    return results, max(end for _, end in shares) - start
 
 
 async def benchmark(args) -> dict:
@@ -110,7 +160,9 @@ async def benchmark(args) -> dict:
     # No pool limit: the semaphore, not httpx's pool, decides how many requests are in flight; a pool
     # limit would queue requests inside the client after their clocks started.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=args.timeout) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        pool = stack.enter_context(start_client_processes(args.num_clients)) if args.num_clients > 1 else None
+        client = await stack.enter_async_context(httpx.AsyncClient(limits=limits, timeout=args.timeout))
         model = args.model or (await client.get(args.base_url.rstrip("/") + "/v1/models")).json()["data"][0]["id"]
         label = args.label or args.base_url
         # One request first: it checks the server takes our requests before a thousand fail, and pays
@@ -126,8 +178,12 @@ async def benchmark(args) -> dict:
             work = w3(args.vocab_size, seed=args.seed + i, **sizes)
             arrivals = arrival_times(len(work.prompts), rate, args.burstiness, args.seed)
             requests = make_requests(args, model, work, sizes["system_len"])
-            results, duration = await run_rate(client, url, requests, arrivals, args.max_concurrency,
-                                               progress_desc=None if args.smoke else f"{rate:g} req/s")
+            if pool is not None:
+                results, duration = await run_rate_in_processes(pool, args.num_clients, url, requests, arrivals,
+                                                                args.max_concurrency, args.timeout)
+            else:
+                results, duration = await run_rate(client, url, requests, arrivals, args.max_concurrency,
+                                                   progress_desc=None if args.smoke else f"{rate:g} req/s")
             row = {"rate": rate if math.isfinite(rate) else "inf", "workload_seed": args.seed + i,
                    **summarize_requests(results, duration, READING_SPEED_SLO)}
             print(format_report(row, label), flush=True)
@@ -135,8 +191,8 @@ async def benchmark(args) -> dict:
                 print(f"  failed ({count}x): {error}")
             rows.append(row)
     workload = {"name": "W3", **sizes, "vocab_size": args.vocab_size, "seed": args.seed, "burstiness": args.burstiness,
-                "max_concurrency": args.max_concurrency, "extra_body": json.loads(args.extra_body),
-                "text_format": args.text_format}
+                "max_concurrency": args.max_concurrency, "num_clients": args.num_clients,
+                "extra_body": json.loads(args.extra_body), "text_format": args.text_format}
     return {"label": label, "base_url": args.base_url, "model": model, "endpoint": args.endpoint,
             "workload": workload, "slo": READING_SPEED_SLO, "hardware": args.hardware or hardware_name(),
             "rates": rows, "capacity_req_s": capacity(rows, READING_SPEED_SLO)}
