@@ -7,6 +7,7 @@
 #      breaks (TTFT p99 <= 1 s, TPOT p99 <= 190 ms). The engine's ceiling (about 16k tok/s, 150 tokens
 #      an answer) is near 106 req/s, so the sweep must break by 160.
 # The Mistral-7B-Instruct shape in bf16 with random weights (load_format dummy), the word tokenizer.
+# SERVE_ARGS adds flags to every server (e.g. "--max-num-seqs 512").
 # CLIENTS=N deals the requests out to N client processes (one Python client saturates its core first).
 # A mode may end in "-1thread": the server runs with OMP_NUM_THREADS=1 (one intra-op thread for torch's
 # host-side work; by default torch starts one per core and they spin between the core's tiny host ops).
@@ -27,7 +28,7 @@ for mode in $MODES; do
   flag=--engine-core-process; [ "${mode%-1thread}" = thread ] && flag=--no-engine-core-process
   threads=; [ "${mode%-1thread}" != "$mode" ] && threads=1
   env ${threads:+OMP_NUM_THREADS=$threads} python3 -m minivllm serve "$FOLDER" --load-format dummy --max-model-len 4096 --served-model-name w3-model \
-    --host 127.0.0.1 --port $PORT --log-level warning $flag > "$OUT/server_$mode.log" 2>&1 &
+    --host 127.0.0.1 --port $PORT --log-level warning $flag ${SERVE_ARGS:-} > "$OUT/server_$mode.log" 2>&1 &
   server=$!
   for i in $(seq 300); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break
     kill -0 $server 2>/dev/null || { echo "the server exited:"; tail -20 "$OUT/server_$mode.log"; exit 1; }; sleep 1; done
