@@ -189,6 +189,10 @@ def main(argv=None) -> dict:
     ks = [2] if smoke else [int(k) for k in args.ks.split(",")]
     batches = [1, 2] if smoke else [int(b) for b in args.batches.split(",")]
     engine_args = dict(max_model_len=1024, device=args.device)
+    if torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda":
+        # Two engines live at once (with and without speculation): on a GPU each would size its KV pool from
+        # what the other left. A pool for the largest batch of full-length sequences is all a run needs.
+        engine_args["num_kv_blocks"] = max(batches) * 1024 // 16
     base = LLM(model, **engine_args)
     device = str(base.llm_engine.device)
     tokenizer = base.llm_engine.tokenizer
@@ -207,7 +211,7 @@ def main(argv=None) -> dict:
     if args.verify_model or smoke:
         # One sequence (graphs of batch 1 only); no overlap, so that no step is in flight between the timed ones.
         verify_llm = LLM(args.verify_model or model, load_format="dummy", max_model_len=1024, max_num_seqs=1,
-                         device=args.device, async_scheduling=False)
+                         num_kv_blocks=1024 // 16, device=args.device, async_scheduling=False)
         result["verify_model"] = str(args.verify_model or model)
         result["verify_step"] = verify_step_ms(verify_llm, [1, 2] if smoke else list(range(1, 9)),
                                                16 if smoke else args.verify_context, 3 if smoke else 20)
