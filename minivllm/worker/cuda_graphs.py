@@ -15,14 +15,15 @@ Shapes are frozen at capture, hence the rules here:
   padding tokens have cache slot -1 (not stored), padding sequences no tokens and context length 0,
   which the Triton kernels skip. So a verify step whose sequences bring fewer than k + 1 tokens
   (fewer guesses, plain decodes) needs no padding inside a sequence: the prefill kernel reads each
-  sequence's own query length from cu_seqlens, and only the grid is sized for k + 1;
+  sequence's own query length from cu_seqlens, and only the grid is sized for k + 1. (In a verify
+  graph every sequence goes to the prefill kernel, plain decodes too: how many of them are decodes
+  changes from step to step, and a graph cannot split its batch where they end.)
 - the graph computes the logits of every row; the step keeps those of its first rows (in a verify
   step every token samples: its rows are in the order the rejection sampler reads them), or picks
   the sampling rows (`sample_index`) when some do not sample (a draft model's catch-up);
 - verify graphs stop at the batch whose k + 1 tokens per sequence fill the decode graphs of the
   default 256 sequences (`graph_ladders`), so their activations and logits take no more memory than
-  those (all graphs share one memory pool and one logits buffer); a larger verify step runs eagerly
-  (and speculation rarely pays at such batches: notebook 15);
+  those (all graphs share one memory pool and one logits buffer); a larger verify step runs eagerly;
 - only with a backend that `supports_cuda_graphs`: the Triton one (the torch reference sizes its
   tensors from the step's longest context).
 
