@@ -1,11 +1,13 @@
-"""CUDA graphs' shapes and padding, on the CPU: which graph a step takes, and that the padded batch a graph
+"""CUDA graphs' shapes and padding, on the CPU: which graph a step takes; that the padded batch a graph
 records (`padded_forward`, here run eagerly through the Triton kernels in Triton's interpreter) gives every
-real row the logits of the eager step. The captures and replays themselves are tested in tests/test_gpu.py."""
+real row the logits of the eager step; and the runner's whole graph path, with stand-ins for the captured
+graphs that run the recorded forward at each replay. Real captures and replays: tests/test_gpu.py."""
 import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.worker.cuda_graphs import GraphBuffers, choose_graph, graph_ladders, padded_forward
+from minivllm.worker import model_runner
+from minivllm.worker.cuda_graphs import CUDAGraphs, GraphBuffers, choose_graph, graph_ladders, padded_forward
 
 
 def test_graph_ladders_and_the_graph_a_step_takes():
@@ -60,3 +62,42 @@ def test_a_padded_step_gives_the_eager_logits_on_every_real_row(tiny_llama):
     assert all(len(o.outputs[0].token_ids) == 16 for o in outs)
     assert {(k + 1, 4), (k + 1, 2), (1, 4)} <= set(shapes)  # verify graphs (3 sequences padded to 4), decode graphs
     assert llm.llm_engine.get_stats()["num_accepted_tokens"] > 0
+
+
+class _Replay:
+    """A stand-in for a captured graph on the CPU: replaying it runs the forward it would have recorded."""
+
+    def __init__(self, forward):
+        self.replay = forward
+
+
+class _CPUGraphs(CUDAGraphs):
+    def _capture(self, forward):
+        return _Replay(forward)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_the_runners_graph_path_gives_the_plain_engines_tokens(tiny_llama, monkeypatch, method):
+    # Everything of the graph path but the capture itself: the runner captures (here: keeps) its graphs for k,
+    # picks one per step, loads the buffers, replays, keeps the rows that sample; a draft's runner too.
+    monkeypatch.setattr(model_runner, "CUDAGraphs", _CPUGraphs)
+    k, folder = 3, tiny_llama[0]
+    g = torch.Generator().manual_seed(2)
+    prompts = [(torch.randint(0, 211, (6,), generator=g).tolist() * 3)[:n] for n in (18, 11, 15)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    args = dict(attention_backend="triton", max_model_len=64, num_kv_blocks=40, max_num_seqs=4)
+    plain = [o.outputs[0].token_ids for o in LLM(folder, **args).generate(prompts, params, use_tqdm=False)]
+    spec = ({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3} if method == "ngram"
+            else {"method": "draft_model", "model": folder, "num_speculative_tokens": k})
+    llm = LLM(folder, speculative_config=spec, **args)
+    engine = llm.llm_engine
+    runners = [engine.runner] + ([engine.proposer.runner] if method == "draft_model" else [])
+    for runner in runners:
+        runner.capture_cuda_graphs(k)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert engine.get_stats()["num_accepted_tokens"] > 0
+    assert all(runner.graph_replays["verify"] > 0 for runner in runners)
+    if method == "draft_model":  # its guesses are decodes
+        assert engine.proposer.runner.graph_replays["decode"] > 0

@@ -34,6 +34,8 @@ Shapes are frozen at capture, hence the rules here:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..attention import AttentionMetadata
@@ -129,19 +131,23 @@ class CUDAGraphs:
         self.buffers = GraphBuffers(max_tokens, max_batch, max_blocks_per_seq, block_size, device)
         # One logits buffer for every graph (each writes its first rows), not one per shape.
         self.logits = torch.empty(max_tokens, model.config.vocab_size, dtype=torch.float32, device=device)
-        self.graphs, pool = {}, None
+        self.graphs, self._pool = {}, None
         # Largest first, all in one memory pool: a smaller graph reuses the larger one's memory.
-        for q, bs in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
-            def forward():
-                self.logits[:q * bs].copy_(padded_forward(model, self.buffers, (q, bs), build_metadata))
+        for shape in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
+            self.graphs[shape] = self._capture(functools.partial(self._forward, model, shape, build_metadata))
 
-            forward()  # outside the capture: Triton compiles its kernels for these shapes now
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                forward()
-            pool = graph.pool()
-            self.graphs[q, bs] = graph
+    def _forward(self, model, shape: tuple[int, int], build_metadata) -> None:
+        self.logits[:shape[0] * shape[1]].copy_(padded_forward(model, self.buffers, shape, build_metadata))
+
+    def _capture(self, forward) -> torch.cuda.CUDAGraph:
+        """`forward` recorded as a graph, in the pool every graph shares."""
+        forward()  # outside the capture: Triton compiles its kernels for these shapes now
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            forward()
+        self._pool = graph.pool()
+        return graph
 
     def run(self, shape: tuple[int, int], input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
         """Logits [tokens, vocab] of every token of a step that `choose_graph` gave `shape`, by replay."""
