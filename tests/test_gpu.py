@@ -82,3 +82,41 @@ def test_mistral_7b_dummy_runs_a_batch():
     assert llm.llm_engine.dtype == torch.bfloat16
     outs = llm.generate([[1, 2, 3], list(range(5, 100))], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4]
+
+
+def _spec_runs(folder, prompts, **options):
+    """Greedy tokens of `prompts` and the engine, built with the given options."""
+    llm = LLM(folder, dtype="float32", max_model_len=96, num_kv_blocks=48, max_num_seqs=4, **options)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)], llm.llm_engine
+
+
+@pytest.mark.parametrize("model, batch", [("llama", 1), ("llama", 3), ("mistral", 3)])
+def test_verify_steps_replay_cuda_graphs_with_the_same_tokens(tiny_llama, tiny_mistral, model, batch):
+    # Prompts that repeat themselves, so that the n-gram proposer finds guesses; 3 sequences replay the verify
+    # graph of 4 (one padding sequence), and steps where some sequences have fewer guesses than k, or none.
+    folder = (tiny_llama if model == "llama" else tiny_mistral)[0]
+    g = torch.Generator().manual_seed(2)
+    prompts = [(torch.randint(0, 211, (6,), generator=g).tolist() * 3)[:n] for n in (18, 11, 15)[:batch]]
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    plain, _ = _spec_runs(folder, prompts)
+    graphed, engine = _spec_runs(folder, prompts, speculative_config=ngram)
+    eager, eager_engine = _spec_runs(folder, prompts, speculative_config=ngram, enforce_eager=True)
+    assert graphed == plain and eager == plain
+    assert engine.runner.graph_replays["verify"] > 0 and not eager_engine.runner.graph_replays
+    assert engine.get_stats()["num_accepted_tokens"] > 0
+
+
+def test_a_draft_models_runner_replays_cuda_graphs_too(tiny_llama):
+    # The target as its own draft: every guess kept; the draft's guesses are decode graphs, its catch-up after
+    # each verify (the last guess and the bonus token) a verify-shaped graph of which only the last row samples.
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (5, 17, 9)]
+    spec = {"method": "draft_model", "model": tiny_llama[0], "num_speculative_tokens": 3}
+    plain, _ = _spec_runs(tiny_llama[0], prompts)
+    graphed, engine = _spec_runs(tiny_llama[0], prompts, speculative_config=spec)
+    assert graphed == plain
+    stats = engine.get_stats()
+    assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
+    draft_replays = engine.proposer.runner.graph_replays
+    assert engine.runner.graph_replays["verify"] > 0 and draft_replays["decode"] > 0 and draft_replays["verify"] > 0

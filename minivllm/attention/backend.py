@@ -17,7 +17,7 @@ from .metadata import AttentionMetadata
 
 class AttentionBackend:
     name: str
-    supports_cuda_graphs = False  # whether a decode step through it can be captured (no host syncs, fixed shapes)
+    supports_cuda_graphs = False  # whether its decode and verify steps can be captured (no host syncs, fixed shapes)
 
     def __init__(self, sliding_window: int | None = None):
         self.sliding_window = sliding_window

@@ -35,12 +35,12 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, sc
     """q: [T, Hq, D], k/v: [T, Hkv, D] of this step's tokens -> [T, Hq, D]."""
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     d = meta.num_decodes
-    if d == meta.num_seqs:  # a decode-only step, the common case (and the one CUDA graphs capture)
+    if d == meta.num_seqs:  # a decode-only step, the common case (and what decode graphs capture)
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
                                       sliding_window)
     prefill = paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_cu_seqlens, meta.context_lens[d:],
                                       meta.block_tables[d:], meta.max_query_len, scale, sliding_window)
-    if d == 0:
+    if d == 0:  # (verify graphs too: every sequence, decodes included, goes to the prefill kernel)
         return prefill
     decode = paged_decode_attention(q[:d], k_cache, v_cache, meta.block_tables[:d], meta.context_lens[:d],
                                     scale, sliding_window)
@@ -48,8 +48,8 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, sc
 
 
 class TritonAttentionBackend(AttentionBackend):
-    """The fused kernels; a decode step through them has fixed shapes and no host sync, so CUDA graphs
-    can capture it."""
+    """The fused kernels; a decode or verify step through them has no host sync, and grids sized from the
+    metadata's maxima (which a graph fixes), so CUDA graphs can capture it."""
     name = "triton"
     supports_cuda_graphs = True
 

@@ -23,7 +23,7 @@ Every optimization is a switch here, so that an ablation is one argument:
 contiguous cache of Hugging Face `generate`), `enable_continuous_batching=False` is static
 batching, `enable_chunked_prefill` / `enable_prefix_caching` do what they say,
 `attention_backend="torch"` swaps the fused Triton kernels for the readable reference,
-`enforce_eager=True` turns off the CUDA graphs of decode steps, and `async_scheduling=False`
+`enforce_eager=True` turns off the CUDA graphs (of decode and verify steps), and `async_scheduling=False`
 runs the CPU's work and the GPU's one after the other. `tensor_parallel_size=N` splits the model
 over N GPUs: this process is rank 0 and starts the other ranks' processes; `shutdown()` stops them.
 
@@ -127,7 +127,11 @@ class LLMEngine:
             executor.collective_rpc("initialize_kv_cache", num_blocks)
             runner = executor.runner
             if runner.device.type == "cuda" and runner.attn_backend.supports_cuda_graphs and not config.enforce_eager:
-                executor.collective_rpc("capture_cuda_graphs")
+                # Verify steps of k + 1 tokens per sequence too; a draft model's runner captures the same shapes:
+                # its guesses are decodes, its catch-up after a verify a few tokens per sequence.
+                executor.collective_rpc("capture_cuda_graphs", config.num_speculative_tokens)
+                if isinstance(proposer, DraftModelProposer):
+                    proposer.runner.capture_cuda_graphs(config.num_speculative_tokens)
         except BaseException:
             executor.shutdown()
             raise

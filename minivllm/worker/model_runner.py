@@ -3,7 +3,8 @@
 `execute_model` turns a `SchedulerOutput` into one flat batch: for every scheduled sequence the
 tokens not yet in the cache (a whole prompt, a chunk of one, or the single newest token), their
 positions and the cache slot of each; then it calls the model once for all of them and returns the
-logits of the rows that sample. Decode-only steps replay a CUDA graph when one was captured.
+logits of the rows that sample. Decode steps, and verify steps of speculative decoding, replay a CUDA
+graph when one was captured for their shape (`cuda_graphs.py`).
 `sample` picks the next tokens on the device and starts their copy to the host.
 
 Nothing here waits for the GPU, so that the CPU can prepare step n+1 while the GPU runs step n:
@@ -25,6 +26,7 @@ hold. Only rank 0 samples.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +38,7 @@ from ..core.scheduler import SchedulerOutput
 from ..distributed.parallel_state import cpu_group, tp_size
 from ..models.loader import build_model
 from .block_table import BlockTable
-from .cuda_graphs import DecodeGraphs
+from .cuda_graphs import CUDAGraphs, choose_graph
 from .kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
 from .rejection_sampler import RejectionSampler
 from .sampler import Sampler, process_logits
@@ -105,7 +107,8 @@ class ModelRunner:
         self.sampler = Sampler(self.device, seed, eos_token_ids)
         self.rejection_sampler = RejectionSampler(self.device, self.sampler.generator)
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: CUDAGraphs | None = None
+        self.graph_replays = Counter()  # steps run by a graph, by kind ("decode", "verify"): what tests read
         self.use_async_copies = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.use_async_copies else None
         # The last step's sampled ids, still on the device, and the row of each request in them.
@@ -134,10 +137,12 @@ class ModelRunner:
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
             layer.bind_cache(k_cache, v_cache)
 
-    def capture_cuda_graphs(self) -> None:
-        """Record decode steps as CUDA graphs (a GPU, and a backend whose kernels allow it)."""
-        self.graphs = DecodeGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
-                                   self.block_size, self.device, self.attn_backend.build_metadata)
+    def capture_cuda_graphs(self, num_speculative_tokens: int = 0) -> None:
+        """Record decode steps as CUDA graphs, and verify steps of k + 1 tokens per sequence when speculating
+        with k guesses (a GPU, and a backend whose kernels allow it)."""
+        self.graphs = None  # a fresh capture (another k) must not hold the old graphs' memory meanwhile
+        self.graphs = CUDAGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
+                                 self.block_size, self.device, self.attn_backend.build_metadata, num_speculative_tokens)
 
     @torch.inference_mode()
     def _profile_run(self, num_tokens: int) -> None:
@@ -234,8 +239,12 @@ class ModelRunner:
                 flat = torch.empty(sum(layout.field_sizes), dtype=torch.int64, device=self.device)
             dist.broadcast(flat, src=0)
         input_ids, positions, meta, sample_index = self._unpack(flat, layout)
-        if self.graphs is not None and meta.num_decodes == meta.num_seqs <= self.graphs.max_batch:
-            return self.graphs.run(input_ids, positions, meta)  # every decode samples
+        shape = choose_graph(self.graphs.ladders, meta.num_seqs, meta.max_query_len) if self.graphs else None
+        if shape is not None:
+            self.graph_replays["decode" if shape[0] == 1 else "verify"] += 1
+            logits = self.graphs.run(shape, input_ids, positions, meta)
+            # Every row samples in a decode or verify step; not in a draft's catch-up (its last row only).
+            return logits if sample_index.shape[0] == input_ids.shape[0] else logits[sample_index]
         hidden = self.model(input_ids, positions, self.attn_backend.build_metadata(meta))
         return self.model.compute_logits(hidden[sample_index])
 

@@ -3,10 +3,14 @@ engine without speculation, in one run, with identical greedy text checked on ev
 
     python -m minivllm_lab.bench.spec_decode                 # real SmolLM2-135M (CPU or GPU), a few minutes
     python -m minivllm_lab.bench.spec_decode --smoke         # seconds: a tiny random model, any machine
+    python -m minivllm_lab.bench.spec_decode --verify-model mistral-7b   # on a GPU: + a 7B verify step's cost
 
-Three measurements:
+Three measurements (four with --verify-model):
 - the verify cost: one forward's time against the number of tokens per sequence (1 = a plain decode,
   k + 1 = a verify of k guesses), at several batch sizes (`forward_ms`);
+- with --verify-model (random weights of that shape): the time of a whole batch-1 step through the model
+  runner and the paged cache, a decode against a verify of k = 1..8 guesses, replayed as CUDA graphs on a
+  GPU and run eagerly (`verify_step_ms`);
 - the tasks, one request at a time (batch 1): answers that copy their input (correcting a given text,
   editing given code, answering from a given document) and free chat; for each proposer setting, output
   tokens per second, the guesses kept (acceptance rate) and tokens per verify step (mean acceptance length);
@@ -26,6 +30,7 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.attention import NoCacheMetadata
 from minivllm.chat import encode_chat
+from minivllm.core.scheduler import ScheduledSequence, SchedulerOutput
 from minivllm.models.loader import resolve_model
 
 from ..machine import free_memory, tiny_checkpoint
@@ -102,6 +107,43 @@ def forward_ms(llm: LLM, tokens_per_seq: list[int], batches: list[int], repeats:
     return rows
 
 
+@torch.inference_mode()
+def verify_step_ms(llm: LLM, ks: list[int], context: int, repeats: int) -> list[dict]:
+    """A batch-1 step's time through the model runner (inputs, paged attention, logits), after a prompt of
+    `context` tokens: a decode (k = 0) and a verify of k random guesses, for each k, median of `repeats`
+    (CUDA events on a GPU). With graphs (a GPU, not `enforce_eager`), the runner captures its graphs again
+    for each k and the step replays them; then each step once more without graphs, for comparison."""
+    engine, runner = llm.llm_engine, llm.llm_engine.runner
+    engine.add_request("verify-cost", list(range(100, 100 + context)),
+                       SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    while not engine.scheduler.requests["verify-cost"].num_output_tokens:
+        engine.step()  # the prompt's prefill, which samples the token the timed steps feed
+    seq = engine.scheduler.requests["verify-cost"]
+    start = seq.num_computed_tokens
+    engine.scheduler.blocks.allocate(seq, start + 1 + max(ks))  # the guesses' slots
+    guesses = torch.randint(100, 1000, (max(ks),)).tolist()
+    graphed = runner.graphs is not None
+    modes = ["graphs", "eager"] if graphed else ["eager"]
+    rows = []
+    for k in [0] + ks:
+        entry = ScheduledSequence(seq, start, 1 + k, True, k > 0, guesses[:k])
+        step = SchedulerOutput(verifies=[entry]) if k else SchedulerOutput(decodes=[entry])
+        row = {"k": k, "tokens": 1 + k}
+        for mode in modes:
+            if mode == "graphs" and k:
+                runner.capture_cuda_graphs(k)
+            saved, runner.graphs = runner.graphs, (runner.graphs if mode == "graphs" else None)
+            row[f"{mode}_ms"] = median(cuda_time_ms(lambda: runner.execute_model(step), warmup=3, repeats=repeats,
+                                                    device=runner.device))
+            runner.graphs = saved
+        rows.append(row)
+    for row in rows:
+        for mode in modes:
+            row[f"{mode}_vs_decode"] = row[f"{mode}_ms"] / rows[0][f"{mode}_ms"]
+    engine.abort_request("verify-cost")
+    return rows
+
+
 def run_tasks(llm: LLM, prompts: dict[str, list[int]], params: SamplingParams) -> dict:
     """The prompts one at a time (batch 1) after one warm-up; totals and each answer's text."""
     llm.generate([next(iter(prompts.values()))], params, use_tqdm=False)
@@ -135,6 +177,9 @@ def main(argv=None) -> dict:
     p.add_argument("--draft-layers", type=int, default=8, help="the draft: the model's first N layers (0 = none)")
     p.add_argument("--batches", default="1,4,16", help="batch sizes of the when-it-pays sweep")
     p.add_argument("--device", default=None)
+    p.add_argument("--verify-model", default=None,
+                   help="also time batch-1 verify steps (k = 1..8) of this model's shape, random weights")
+    p.add_argument("--verify-context", type=int, default=512, help="the prompt before those timed steps")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default="spec-decode.json")
     args = p.parse_args(argv)
@@ -144,6 +189,10 @@ def main(argv=None) -> dict:
     ks = [2] if smoke else [int(k) for k in args.ks.split(",")]
     batches = [1, 2] if smoke else [int(b) for b in args.batches.split(",")]
     engine_args = dict(max_model_len=1024, device=args.device)
+    if torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda":
+        # Two engines live at once (with and without speculation): on a GPU each would size its KV pool from
+        # what the other left. A pool for the largest batch of full-length sequences is all a run needs.
+        engine_args["num_kv_blocks"] = max(batches) * 1024 // 16
     base = LLM(model, **engine_args)
     device = str(base.llm_engine.device)
     tokenizer = base.llm_engine.tokenizer
@@ -158,6 +207,17 @@ def main(argv=None) -> dict:
     greedy = SamplingParams(temperature=0, max_tokens=max_tokens)
     result = {"hardware": hardware_name(device), "threads": torch.get_num_threads(), "device": device,
               "model": str(model), "max_tokens": max_tokens}
+
+    if args.verify_model or smoke:
+        # One sequence (graphs of batch 1 only); no overlap, so that no step is in flight between the timed ones.
+        verify_llm = LLM(args.verify_model or model, load_format="dummy", max_model_len=1024, max_num_seqs=1,
+                         num_kv_blocks=1024 // 16, device=args.device, async_scheduling=False)
+        result["verify_model"] = str(args.verify_model or model)
+        result["verify_step"] = verify_step_ms(verify_llm, [1, 2] if smoke else list(range(1, 9)),
+                                               16 if smoke else args.verify_context, 3 if smoke else 20)
+        print(format_table(result["verify_step"], list(result["verify_step"][0])), flush=True)
+        del verify_llm
+        free_memory()
 
     result["forward"] = forward_ms(base, [1, 2, 3, 5, 9], [1, 8] if smoke else [1, 8, 64], 2 if smoke else 5)
     print(format_table(result["forward"], ["batch", "tokens_per_seq", "forward_ms"]))
