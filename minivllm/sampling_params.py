@@ -81,7 +81,8 @@ class SamplingParams:
                                  f"got {_show(self.logit_bias)}")
             self.logit_bias = {t: float(b) for t, b in self.logit_bias.items()} or None  # {} asks for nothing
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
-            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {_show(self.structured_outputs)}")
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, "
+                             f"got {_show(self.structured_outputs)}")
 
     @property
     def processes_logits(self) -> bool:

@@ -23,7 +23,8 @@ CHECKS = {
     "triton": [["python", "-c", "import triton, minivllm.attention.triton_backend, minivllm.kernels"]],
     "bench": [["python", "-m", "minivllm_lab.bench", "--help"], ["python", "-m", "minivllm_lab.bench.serve", "--help"],
               ["python", "-m", "minivllm_lab.bench.serve_overhead", "--help"]],
-    "serve": [["minivllm", "serve", "--help"], ["python", "-c", "import minivllm.server.api_server"]],
+    "serve": [["minivllm", "serve", "--help"], ["python", "-c", "import minivllm.server.api_server, xgrammar"]],
+    "structured": [["python", "-c", "import xgrammar, minivllm.structured_output"]],
     "notebooks": [["python", "-c", "import minivllm_lab.notebook, ipywidgets, matplotlib, jupyterlab, triton, gguf"],
                   ["jupyter", "lab", "--version"]],
 }

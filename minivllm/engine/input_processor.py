@@ -2,9 +2,9 @@
 
 Both the offline engine and the server's frontend run these checks, before anything is queued:
 bad input (an empty prompt, ids outside the vocabulary, a prompt that does not fit `max_model_len`,
-a request that could never fit in the KV pool, a JSON schema or regex that makes no grammar) fails that request alone and changes nothing. With
-the engine core in its own process, the frontend checks here and answers 400 at once, without a
-round trip to the core (which checks again: it trusts nothing that arrives on a socket).
+a request that could never fit in the KV pool, a JSON schema or regex that makes no grammar) fails that
+request alone and changes nothing. With the engine core in its own process, the frontend checks here and
+answers 400 at once, without a round trip to the core (which checks again: it trusts nothing that arrives on a socket).
 """
 from __future__ import annotations
 
