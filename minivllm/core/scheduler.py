@@ -300,8 +300,11 @@ class Scheduler:
                 seq.metrics.first_token_time = now
             for token in new_tokens:
                 seq.token_ids.append(token)
-                if seq.grammar is not None:
-                    seq.grammar.accept_token(token)  # the mask allowed only what the grammar accepts
+                if seq.grammar is not None and not seq.grammar.accept_token(token):
+                    # The mask lets only what the grammar accepts through, unless it allowed no token at all (a
+                    # vocabulary that cannot spell the grammar): the answer cannot go on.
+                    self.finish(seq, "stop")
+                    break
                 reason = self._stop_reason(seq, token)
                 if reason is not None:  # tokens after a stop are not part of the answer
                     self.finish(seq, reason)

@@ -139,8 +139,10 @@ class StructuredOutputManager:
     def grammar_for(self, params: StructuredOutputsParams) -> RequestGrammar:
         xgr = _xgrammar()
         # Without any_whitespace (compiled above) the JSON has json.dumps's spacing: a small model cannot
-        # wander into endless newlines. The matcher's stop tokens are the engine's end-of-sequence ids.
-        return RequestGrammar(xgr.GrammarMatcher(self.compile(params), override_stop_tokens=self.eos_token_ids))
+        # wander into endless newlines. The matcher's stop tokens are the engine's end-of-sequence ids (a model
+        # without any ends its answer when the grammar is complete).
+        return RequestGrammar(xgr.GrammarMatcher(self.compile(params), override_stop_tokens=self.eos_token_ids,
+                                                 terminate_without_stop_token=not self.eos_token_ids))
 
     def grammar_bitmask(self, seqs) -> GrammarBitmask | None:
         """The allowed tokens of every row whose sequence has a grammar (None: no row has one). A sequence that
