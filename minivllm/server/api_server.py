@@ -83,8 +83,12 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         if parsed.stream:
             return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage, parsed.tool_call),
                                      media_type="text/event-stream", background=BackgroundTask(stream.close))
-        final = await _unless_disconnected(request, _last(stream))
-        stream.close()
+        try:
+            final = await _unless_disconnected(request, _last(stream))
+        except ValueError as e:  # refused by the engine core (which checks again), e.g. a grammar it cannot build
+            raise APIError(str(e)) from None
+        finally:
+            stream.close()
         if final is None:  # the client is gone: nobody reads this response
             return Response(status_code=499)
         text = final.outputs[0].text
@@ -130,6 +134,8 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
             yield b"data: [DONE]\n\n"
         except EngineDeadError as e:
             yield _sse_bytes(_engine_stopped(e).body())
+        except ValueError as e:  # refused by the engine core
+            yield _sse_bytes(APIError(str(e)).body())
         finally:
             stream.close()
 

@@ -105,8 +105,11 @@ class StructuredOutputManager:
             tokenizer = self._load_tokenizer()
             if tokenizer is None:
                 raise ValueError("structured outputs need the model's tokenizer; this model folder has none")
-            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
-                                                      stop_token_ids=self.eos_token_ids)
+            try:  # (a model without end-of-sequence ids: xgrammar looks for the tokenizer's own)
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=self.eos_token_ids or None)
+            except (ValueError, RuntimeError) as e:
+                raise ValueError(f"structured outputs: xgrammar cannot use this model's tokenizer: {e}") from None
             self._compiler = xgr.GrammarCompiler(info, max_threads=torch.get_num_threads())
             self._batch_matcher = xgr.BatchGrammarMatcher()
         return self._compiler
@@ -141,7 +144,7 @@ class StructuredOutputManager:
         # Without any_whitespace (compiled above) the JSON has json.dumps's spacing: a small model cannot
         # wander into endless newlines. The matcher's stop tokens are the engine's end-of-sequence ids (a model
         # without any ends its answer when the grammar is complete).
-        return RequestGrammar(xgr.GrammarMatcher(self.compile(params), override_stop_tokens=self.eos_token_ids,
+        return RequestGrammar(xgr.GrammarMatcher(self.compile(params), override_stop_tokens=self.eos_token_ids or None,
                                                  terminate_without_stop_token=not self.eos_token_ids))
 
     def grammar_bitmask(self, seqs) -> GrammarBitmask | None:
