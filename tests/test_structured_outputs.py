@@ -15,6 +15,7 @@ import torch
 
 from minivllm import LLM, AsyncLLM, SamplingParams, StructuredOutputsParams
 from minivllm.structured_output import GrammarBitmask, allowed_tokens
+from minivllm.structured_output.bitmask import mask_logits
 from minivllm.worker.sampler import sample
 
 xgr = pytest.importorskip("xgrammar")
@@ -55,7 +56,10 @@ def test_masked_tokens_are_never_sampled():
     bitmask[2] = 0
     bitmask[2, 1] = 1 << 3  # row 2 of the mask allows token 35 alone
     mask = GrammarBitmask([1, 3, 4], bitmask)
-    masked = mask.apply(logits)
+    masked = mask.apply(logits)  # xgrammar's kernel on a CPU; the torch version (any other device) agrees
+    assert torch.equal(masked, mask_logits(logits, mask.rows, bitmask))
+    full = GrammarBitmask(list(range(B)), bitmask.repeat(2, 1))
+    assert torch.equal(full.apply(logits), mask_logits(logits, full.rows, full.bitmask))
     for r, row in enumerate(mask.rows):
         allowed = set(allowed_tokens(bitmask[r], V).tolist())
         assert all((masked[row, t] > float("-inf")) == (t in allowed) for t in range(V))
