@@ -263,7 +263,8 @@ class LLMEngine:
         step in flight. So, only when the new step samples for a request with a grammar, its forward is queued
         first, then the host waits for the step in flight, updates the books (the matchers accept their
         tokens), and fills the grammars' bitmask on the CPU while the GPU runs the forward; then it samples.
-        The GPU waits only if filling the mask takes longer than the forward. Other steps go as before."""
+        The GPU waits only if this host work (the books, the mask) outlasts the forward; in a batch that mixes
+        constrained and plain requests, every row's sampling waits for it. Other steps go as before."""
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output:
             return None, None
