@@ -10,7 +10,7 @@ Online serving: `AsyncLLM` (streams outputs to asyncio code) and `minivllm serve
 from .engine.async_llm import AsyncLLM
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StructuredOutputsParams"]
 __version__ = "0.1.0"

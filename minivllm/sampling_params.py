@@ -13,6 +13,8 @@ import math
 import reprlib
 from dataclasses import dataclass
 
+from .structured_outputs_params import StructuredOutputsParams
+
 INT32_MAX = 2**31 - 1                      # bound of the counts (top_k, max_tokens): ample
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1   # what msgpack's int64 and torch's manual_seed both take
 
@@ -34,6 +36,7 @@ class SamplingParams:
     min_p: float = 0.0                # drop tokens less likely than min_p times the most likely one
     min_tokens: int = 0               # no end of sequence (EOS, stop_token_ids) before this many tokens
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    structured_outputs: StructuredOutputsParams | None = None  # a schema, regex, choice or grammar to follow
 
     def __post_init__(self):
         # Values arrive from JSON bodies and CLI flags too: a wrong one gets a clear message here,
@@ -77,6 +80,9 @@ class SamplingParams:
                 raise ValueError(f"logit_bias must map token ids (integers >= 0) to numbers in [-100, 100], "
                                  f"got {_show(self.logit_bias)}")
             self.logit_bias = {t: float(b) for t, b in self.logit_bias.items()} or None  # {} asks for nothing
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, "
+                             f"got {_show(self.structured_outputs)}")
 
     @property
     def processes_logits(self) -> bool:

@@ -9,7 +9,7 @@ import pytest
 from minivllm.config import EngineConfig
 
 EXTRAS = ["matplotlib", "IPython", "ipywidgets", "fastapi", "uvicorn", "prometheus_client", "gguf", "accelerate",
-          "triton", "httpx"]
+          "triton", "httpx", "xgrammar"]
 
 
 def test_the_engine_imports_no_extra(tiny_llama):

@@ -27,8 +27,11 @@ CHECKS = {
     "smollm2": [["python", "-c", "import gguf, accelerate, minivllm.models.smollm2, minivllm_lab.demo"]],
     "triton": [["python", "-c", "import triton, minivllm.attention.triton_backend, minivllm.kernels"]],
     "bench": [["python", "-m", "minivllm_lab.bench", "--help"], ["python", "-m", "minivllm_lab.bench.serve", "--help"],
-              ["python", "-m", "minivllm_lab.bench.serve_overhead", "--help"]],
-    "serve": [["minivllm", "serve", "--help"], ["python", "-c", "import minivllm.server.api_server"]],
+              ["python", "-m", "minivllm_lab.bench.serve_overhead", "--help"],
+              ["python", "-m", "minivllm_lab.bench.structured", "--help"],
+              ["python", "-c", "import jsonschema, xgrammar"]],
+    "serve": [["minivllm", "serve", "--help"], ["python", "-c", "import minivllm.server.api_server, xgrammar"]],
+    "structured": [["python", "-c", "import xgrammar, minivllm.structured_output"]],
     "notebooks": [["python", "-c", "import minivllm_lab.notebook, ipywidgets, matplotlib, jupyterlab, triton, gguf"],
                   ["jupyter", "lab", "--version"],
                   ["python", "-c", "from minivllm import LLM, SamplingParams; out = LLM('smollm2-135m').generate("

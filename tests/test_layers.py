@@ -13,10 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Bottom to top: a module may import from its own layer or those below, never from above.
 LAYERS = [
-    ("config and params", ["minivllm.config", "minivllm.sampling_params", "minivllm.outputs", "minivllm.utils"]),
+    ("config and params", ["minivllm.config", "minivllm.sampling_params", "minivllm.outputs", "minivllm.utils",
+                           "minivllm.structured_outputs_params"]),
     ("kernels and the distributed state", ["minivllm.kernels", "minivllm.distributed"]),
     ("layers and attention backends", ["minivllm.layers", "minivllm.attention"]),
     ("models", ["minivllm.models"]),
+    ("structured outputs", ["minivllm.structured_output"]),
     ("core", ["minivllm.core"]),
     ("worker", ["minivllm.worker"]),
     ("executor", ["minivllm.executor"]),

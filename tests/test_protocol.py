@@ -125,7 +125,7 @@ def test_include_usage_must_be_a_bool():
 @pytest.mark.parametrize("field, value", [
     ("max_completion_tokens", 0), ("max_completion_tokens", "8"), ("max_completion_tokens", True),
     ("max_completion_tokens", 10**30), ("top_logprobs", 2), ("tools", [{"type": "function"}]),
-    ("tool_choice", "auto"), ("tool_choice", {"type": "function"}), ("response_format", {"type": "json_object"}),
+    ("tool_choice", "auto"), ("tool_choice", {"type": "function"}), ("response_format", {"type": "xml"}),
     ("messages", []), ("messages", "Hi"), ("messages", {"role": "user"}), ("messages", [{"content": "no role"}]),
     ("messages", [{"role": "robot", "content": "x"}]), ("messages", [{"role": "user"}]),
     ("messages", [{"role": "user", "content": 5}]),

@@ -38,7 +38,8 @@ the step's budget and gives them KV slots, but counts only the real token as com
 `update_from_output` adds the guesses the model kept (their keys and values are right), appends the
 emitted tokens, and gives back the blocks past the sequence's end. So a block holding a guess that
 was not verified is never named for the prefix cache. No guesses past a request's `max_tokens` or
-`max_model_len`, none while `spec_disable_by_batch_size` sequences or more run, and none that would
+`max_model_len`, none for a request under a grammar (structured outputs) or with penalties, none while
+`spec_disable_by_batch_size` sequences or more run, and none that would
 need a preemption: the decode then goes without them. With `spec_adaptive`, a sequence reserves one
 guess more than it has recently been keeping (`Sequence.recent_accepted`).
 
@@ -194,8 +195,8 @@ class Scheduler:
         if not self.num_lookahead_tokens or (self.spec_disable_by_batch_size is not None
                                              and len(self.running) >= self.spec_disable_by_batch_size):
             return 0
-        if seq.params.processes_logits:  # penalties change with every token kept: no guesses to verify at once
-            return 0
+        if seq.params.processes_logits or seq.grammar is not None:
+            return 0  # penalties and grammars change with every token kept: no guesses to verify at once
         k = self.num_lookahead_tokens
         if self.spec_adaptive and seq.recent_accepted is not None:  # one more than it has been keeping
             k = min(k, 1 + int(seq.recent_accepted + 0.5))
@@ -299,6 +300,11 @@ class Scheduler:
                 seq.metrics.first_token_time = now
             for token in new_tokens:
                 seq.token_ids.append(token)
+                if seq.grammar is not None and not seq.grammar.accept_token(token):
+                    # The mask lets only what the grammar accepts through, unless it allowed no token at all (a
+                    # vocabulary that cannot spell the grammar): the answer cannot go on.
+                    self.finish(seq, "stop")
+                    break
                 reason = self._stop_reason(seq, token)
                 if reason is not None:  # tokens after a stop are not part of the answer
                     self.finish(seq, reason)
@@ -319,6 +325,8 @@ class Scheduler:
 
     def _stop_reason(self, seq: Sequence, token: int) -> str | None:
         if token in seq.params.stop_token_ids or (not seq.params.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if seq.grammar is not None and seq.grammar.is_terminated:  # the answer is complete (even with ignore_eos)
             return "stop"
         if seq.num_output_tokens >= seq.params.max_tokens or len(seq) >= self.max_model_len:
             return "length"

@@ -48,6 +48,7 @@ class Sequence:
         self.recent_accepted: float | None = None  # speculative decoding: guesses kept per step, averaged
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
         self.detokenizer = None  # set by the engine when the model has a tokenizer: text grows per token
+        self.grammar = None      # structured outputs: its RequestGrammar (set by the engine), advanced per token
         self.generator = None
         if params.seed is not None:  # its own random stream: the batch it lands in changes nothing
             self.generator = torch.Generator(device=device).manual_seed(params.seed)

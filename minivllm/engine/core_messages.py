@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..sampling_params import SamplingParams
+from ..sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
@@ -36,13 +36,17 @@ class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
     min_p: float = 0.0
     min_tokens: int = 0
     logit_bias: dict[int, float] | None = None
+    # Structured outputs as (kind, text): "json" and a schema's JSON text, "regex", "choice" and a JSON list, ...
+    # The core compiles the grammar (it holds the matchers); the frontend checked the spec already.
+    structured_outputs: tuple[str, str] | None = None
 
     @classmethod
     def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> EngineCoreRequest:
         return cls(request_id, prompt_token_ids, float(params.temperature), float(params.top_p), params.top_k,
                    params.max_tokens, params.ignore_eos, params.stop_token_ids, params.seed,
                    float(params.presence_penalty), float(params.frequency_penalty), float(params.repetition_penalty),
-                   float(params.min_p), params.min_tokens, params.logit_bias)
+                   float(params.min_p), params.min_tokens, params.logit_bias,
+                   params.structured_outputs.key if params.structured_outputs is not None else None)
 
     def sampling_params(self) -> SamplingParams:
         """Checked again (SamplingParams raises ValueError): what arrives on a socket is not trusted."""
@@ -51,7 +55,9 @@ class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
                               stop_token_ids=self.stop_token_ids, seed=self.seed,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, min_p=self.min_p,
-                              min_tokens=self.min_tokens, logit_bias=self.logit_bias)
+                              min_tokens=self.min_tokens, logit_bias=self.logit_bias,
+                              structured_outputs=StructuredOutputsParams.from_key(*self.structured_outputs)
+                              if self.structured_outputs is not None else None)
 
 
 class AbortRequests(msgspec.Struct, tag="abort", frozen=True):

@@ -2,14 +2,15 @@
 
 Both the offline engine and the server's frontend run these checks, before anything is queued:
 bad input (an empty prompt, ids outside the vocabulary, a prompt that does not fit `max_model_len`,
-a request that could never fit in the KV pool) fails that request alone and changes nothing. With
-the engine core in its own process, the frontend checks here and answers 400 at once, without a
-round trip to the core (which checks again: it trusts nothing that arrives on a socket).
+a request that could never fit in the KV pool, a JSON schema or regex that makes no grammar) fails that
+request alone and changes nothing. With the engine core in its own process, the frontend checks here and
+answers 400 at once, without a round trip to the core (which checks again: it trusts nothing that arrives on a socket).
 """
 from __future__ import annotations
 
 from ..core.block_manager import cdiv
 from ..sampling_params import SamplingParams
+from ..structured_output import check_structured_outputs
 
 
 class InputProcessor:
@@ -65,6 +66,8 @@ class InputProcessor:
         if outside:
             raise ValueError(f"logit_bias names token ids outside the vocabulary (0..{self.vocab_size - 1}): "
                              f"{outside[:5]}")
+        if params.structured_outputs is not None:  # a bad schema, regex or grammar is refused here
+            check_structured_outputs(params.structured_outputs)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         return text, token_ids, params

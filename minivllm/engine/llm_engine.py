@@ -18,6 +18,10 @@ the GPU works on step n+1. Each call still returns one step's outputs; a request
 now meets a step already in flight (an aborted request's token from it is dropped). Greedy outputs
 are the same either way (a test holds them equal).
 
+Structured outputs (`SamplingParams.structured_outputs`): a request's grammar is compiled when it is added
+(`minivllm.structured_output`); a step that samples for constrained requests masks their logits with the
+grammars' bitmask, filled on the CPU while the GPU runs that step's forward (`_launch`), so the overlap stays.
+
 Every optimization is a switch here, so that an ablation is one argument:
 `enable_paged_kv=False` gives each sequence one block of `max_model_len` tokens (the
 contiguous cache of Hugging Face `generate`), `enable_continuous_batching=False` is static
@@ -49,6 +53,7 @@ from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from ..spec_decode import DraftModelProposer, make_proposer
+from ..structured_output import StructuredOutputManager
 from ..worker.kv_cache import kv_bytes_per_token
 from ..worker.model_runner import ModelRunner, SampledTokens
 from .input_processor import InputProcessor
@@ -62,12 +67,13 @@ class LLMEngine:
     `from_config` builds the parts from an `EngineConfig`; tests and notebooks may compose their own."""
 
     def __init__(self, config: EngineConfig, scheduler: Scheduler, executor: Executor, input_processor: InputProcessor,
-                 proposer=None):
+                 proposer=None, structured_output: StructuredOutputManager | None = None):
         self.config = config
         self.scheduler = scheduler
         self.executor = executor
         self.input_processor = input_processor
         self.proposer = proposer  # speculative decoding: fills each verify entry's guesses (None: no guesses)
+        self.structured_output = structured_output  # grammars of structured outputs (None: refused)
         # The step launched on the GPU whose tokens the host has not read yet (async scheduling).
         self._in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
 
@@ -144,7 +150,11 @@ class LLMEngine:
                               spec_adaptive=spec.adaptive if spec else False)
         input_processor = InputProcessor(tokenizer, cfg.vocab_size, max_model_len, block_size, num_blocks,
                                          max_num_batched_tokens, cfg.sliding_window)
-        return cls(config, scheduler, executor, input_processor, proposer)
+        # Grammars need the tokenizer's vocabulary: loaded (by an engine core without one) on the first use only.
+        structured_output = StructuredOutputManager(cfg.vocab_size, eos_token_ids,
+                                                    lambda: tokenizer or load_tokenizer(source.folder),
+                                                    pin_memory=executor.runner.use_async_copies)
+        return cls(config, scheduler, executor, input_processor, proposer, structured_output)
 
     # ---- what the parts know -------------------------------------------------------------
     @property
@@ -199,6 +209,10 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids, params = self.input_processor.process(prompt, sampling_params)
         seq = Sequence(request_id, token_ids, params, text, self.device)
+        if params.structured_outputs is not None:  # compiled now (or found in the cache): never mid-step
+            if self.structured_output is None:
+                raise ValueError("structured_outputs: this engine was built without a grammar manager")
+            seq.grammar = self.structured_output.grammar_for(params.structured_outputs)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
         self.scheduler.add(seq)
@@ -224,15 +238,17 @@ class LLMEngine:
         step n+1, then waits for step n and returns its outputs (the first call launches two steps)."""
         if not self.config.async_scheduling:
             # (A step still in flight, from before the switch was turned off, is finished first.)
-            launched, self._in_flight = self._in_flight or self._launch(), None
+            launched, self._in_flight = self._in_flight or self._launch()[0], None
             return self._process(launched) if launched else []
         self._discard_stale_step()
         if self._in_flight is None:
-            self._in_flight = self._launch()
+            self._in_flight = self._launch()[0]
             if self._in_flight is None:
                 return []
-        done, self._in_flight = self._in_flight, self._launch()  # step n+1 is queued before we wait for step n
-        outputs = self._process(done)
+        done = self._in_flight
+        self._in_flight, outputs = self._launch(done)  # step n+1 is queued before we wait for step n
+        if outputs is None:
+            outputs = self._process(done)
         self._discard_stale_step()  # e.g. the last requests just ended: nothing is left to wait for
         return outputs
 
@@ -242,14 +258,28 @@ class LLMEngine:
             self.scheduler.discard_output(self._in_flight[0])
             self._in_flight = None
 
-    def _launch(self) -> tuple[SchedulerOutput, SampledTokens] | None:
-        """Schedule -> execute -> sample, without waiting for the GPU."""
+    def _launch(self, in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
+                ) -> tuple[tuple[SchedulerOutput, SampledTokens] | None, list[RequestOutput] | None]:
+        """Schedule -> execute -> sample, without waiting for the GPU; returns the step launched (None: nothing
+        to run) and, if it had to process the step `in_flight` first, that step's outputs (else None).
+
+        Structured outputs: a constrained row may only be sampled once its grammar has accepted the token of the
+        step in flight. So, only when the new step samples for a request with a grammar, its forward is queued
+        first, then the host waits for the step in flight, updates the books (the matchers accept their
+        tokens), and fills the grammars' bitmask on the CPU while the GPU runs the forward; then it samples.
+        The GPU waits only if this host work (the books, the mask) outlasts the forward; in a batch that mixes
+        constrained and plain requests, every row's sampling waits for it. Other steps go as before."""
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output:
-            return None
+            return None, None
         draft_probs = self.proposer.propose(scheduler_output) if self.proposer is not None else None
         logits = self.executor.execute_model(scheduler_output)
-        return scheduler_output, self.executor.sample(logits, scheduler_output, draft_probs)
+        outputs, bitmask, seqs = None, None, scheduler_output.sampled_seqs
+        if any(seq.grammar is not None for seq in seqs):
+            if in_flight is not None:
+                outputs = self._process(in_flight)
+            bitmask = self.structured_output.grammar_bitmask(seqs)
+        return (scheduler_output, self.executor.sample(logits, scheduler_output, draft_probs, bitmask)), outputs
 
     def _process(self, launched: tuple[SchedulerOutput, SampledTokens]) -> list[RequestOutput]:
         """Update -> outputs: wait for the step's tokens, put them in the books, grow the text."""

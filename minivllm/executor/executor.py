@@ -7,7 +7,7 @@ The engine asks for three things, and does not care how many processes answer:
   goes this way (the KV pool's size, allocating it, capturing CUDA graphs), as does a benchmark that must
   run on every rank;
 - `execute_model(scheduler_output)`: one step's forward, logits on rank 0's device, not waited for;
-- `sample(logits, scheduler_output)`: rank 0 picks the tokens.
+- `sample(logits, scheduler_output)`: rank 0 picks the tokens (under the grammars' bitmask, if any).
 
 `Executor` is one rank in this process (vLLM's UniProcExecutor). `TensorParallelExecutor` is rank 0 here
 and N - 1 worker processes (`workers.py`): rank 0 packs the step's batch once and the workers receive it by
@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from ..core.scheduler import SchedulerOutput
+from ..structured_output import GrammarBitmask
 from ..worker.model_runner import ModelRunner, SampledTokens, VerifiedTokens
 from .workers import TensorParallelWorkers, call_on_runner
 
@@ -42,9 +43,9 @@ class Executor:
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         return self.runner.execute_model(scheduler_output)
 
-    def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput,
-               draft_probs: torch.Tensor | None = None) -> SampledTokens | VerifiedTokens:
-        return self.runner.sample(logits, scheduler_output, draft_probs)
+    def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput, draft_probs: torch.Tensor | None = None,
+               grammar_bitmask: GrammarBitmask | None = None) -> SampledTokens | VerifiedTokens:
+        return self.runner.sample(logits, scheduler_output, draft_probs, grammar_bitmask)
 
     def shutdown(self) -> None:
         """Nothing to stop with one rank."""

@@ -81,15 +81,21 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         except ValueError as e:  # bad messages, over-long prompt, ids outside the vocabulary ...
             raise APIError(str(e)) from None
         if parsed.stream:
-            return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage),
+            return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage, parsed.tool_call),
                                      media_type="text/event-stream", background=BackgroundTask(stream.close))
-        final = await _unless_disconnected(request, _last(stream))
-        stream.close()
+        try:
+            final = await _unless_disconnected(request, _last(stream))
+        except ValueError as e:  # refused by the engine core (which checks again), e.g. a grammar it cannot build
+            raise APIError(str(e)) from None
+        finally:
+            stream.close()
         if final is None:  # the client is gone: nobody reads this response
             return Response(status_code=499)
         text = final.outputs[0].text
-        return protocol.response(request_id, served_model_name, chat,
-                                 [protocol.choice(chat, text, final.outputs[0].finish_reason, delta=False)],
+        choice = protocol.choice(chat, text, final.outputs[0].finish_reason, delta=False)
+        if parsed.tool_call is not None:
+            choice = parsed.tool_call.into_choice(choice, text)
+        return protocol.response(request_id, served_model_name, chat, [choice],
                                  False, protocol.usage(len(final.prompt_token_ids), len(final.outputs[0].token_ids)))
 
     async def _last(stream):
@@ -100,8 +106,9 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         metrics.on_finished(last)
         return last
 
-    async def _sse(stream, request_id: str, chat: bool, include_usage: bool):
-        """Server-sent events: one chunk per engine step with the new text, then usage, then [DONE]."""
+    async def _sse(stream, request_id: str, chat: bool, include_usage: bool, tool_call=None):
+        """Server-sent events: one chunk per engine step with the new text (or, for tool calls, what the calls
+        gained), then usage, then [DONE]."""
         def event(choices, usage=None):
             body = protocol.response(request_id, served_model_name, chat, choices, True, usage)
             if include_usage and usage is None:
@@ -111,12 +118,15 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         try:
             if chat:  # OpenAI's streams open with the role
                 yield event([protocol.choice(chat, "", None, delta=True, first=True)])
-            sent_text, last = "", None
+            sent_text, last, sent_arguments = "", None, []
             async for out in stream.merged():  # the steps a slow reader missed come as one event
                 metrics.on_output(out, last)
                 last, text = out, out.outputs[0].text
                 reason = out.outputs[0].finish_reason if out.finished else None
-                yield event([protocol.choice(chat, text[len(sent_text):], reason, delta=True)])
+                choice = protocol.choice(chat, text[len(sent_text):], reason, delta=True)
+                if tool_call is not None:
+                    choice = tool_call.into_delta(choice, text, sent_arguments)
+                yield event([choice])
                 sent_text = text
             metrics.on_finished(last)
             if include_usage:
@@ -124,6 +134,8 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
             yield b"data: [DONE]\n\n"
         except EngineDeadError as e:
             yield _sse_bytes(_engine_stopped(e).body())
+        except ValueError as e:  # refused by the engine core
+            yield _sse_bytes(APIError(str(e)).body())
         finally:
             stream.close()
 

@@ -11,8 +11,9 @@ Fields read: model, prompt | messages, max_tokens (chat: also max_completion_tok
 top_p, top_k, seed, stop, n (1 only), stream, stream_options.include_usage, user (ignored),
 presence_penalty, frequency_penalty, logit_bias (token ids as strings, as OpenAI sends them), and vLLM's
 ignore_eos, stop_token_ids, repetition_penalty, min_p and min_tokens. null means "the default" for every
-one but model and the prompt.
-Fields that would change the answer but are not implemented (logprobs, tools, response_format, ...) are
+one but model and the prompt. Structured outputs: response_format and vLLM's structured_outputs
+(`response_format.py`); chat's tools, tool_choice and parallel_tool_calls (`tool_calls.py`).
+Fields that would change the answer but are not implemented (logprobs, ...) are
 refused by name, unless their value asks for nothing (null, false, 0, []): a client that asks for
 them must not get an answer that silently lacks them. Unknown fields are ignored, as vLLM does.
 """
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 
 from ..chat import check_messages
 from ..sampling_params import INT64_MAX, SamplingParams
+from .response_format import parse_structured_outputs
+from .tool_calls import ToolCallRequest, parse_tools
 
 
 class APIError(Exception):
@@ -46,13 +49,13 @@ class ParsedRequest:
     include_usage: bool
     max_tokens_given: bool         # chat without max_tokens: the answer may fill the context
     model: str = ""                # the model asked for (a str: checked here)
+    tool_call: ToolCallRequest | None = None  # chat with tools called by grammar: the answer becomes tool_calls
 
 
 # Fields this server does not implement, with the values that ask for nothing (null always does).
 # A value matches only with its own type: `"n": true` or `"best_of": 1.0` is no default.
 _UNSUPPORTED = {"logprobs": (False,)}
-_UNSUPPORTED_CHAT = {**_UNSUPPORTED, "top_logprobs": (0,), "tools": ([],), "tool_choice": ("none",),
-                     "response_format": ({"type": "text"},)}
+_UNSUPPORTED_CHAT = {**_UNSUPPORTED, "top_logprobs": (0,)}
 _UNSUPPORTED_COMPLETIONS = {**_UNSUPPORTED, "echo": (False,), "best_of": (1,), "suffix": ("",)}
 
 
@@ -72,6 +75,16 @@ def parse_request(body, chat: bool) -> ParsedRequest:
     if _get(body, "n", int, 1) != 1:
         raise APIError("'n' must be 1: one choice per request is supported")
     prompt = _chat_messages(body["messages"]) if chat else _completion_prompt(body["prompt"])
+    try:
+        tool_call = parse_tools(body) if chat else None
+        structured = parse_structured_outputs(body)
+        if tool_call is not None:
+            if structured is not None:
+                raise ValueError("'tools' with a 'tool_choice' that calls them take no 'response_format' or "
+                                 "'structured_outputs'")
+            structured, prompt = tool_call.structured_outputs, tool_call.describe(prompt)
+    except ValueError as e:
+        raise APIError(str(e)) from None
     stream = _get(body, "stream", bool, False)
     include_usage = _get(_get(body, "stream_options", dict, {}), "include_usage", bool, False,
                          "stream_options.include_usage")
@@ -97,13 +110,14 @@ def parse_request(body, chat: bool) -> ParsedRequest:
             min_p=_or(body.get("min_p"), 0.0),
             min_tokens=_or(body.get("min_tokens"), 0),
             logit_bias=_logit_bias(_get(body, "logit_bias", dict)),
+            structured_outputs=structured,
         )
     except ValueError as e:  # its message names the field; the client's own name for max_tokens
         message = str(e)
         if message.startswith("max_tokens ") and tokens_name != "max_tokens":
             message = tokens_name + message[len("max_tokens"):]
         raise APIError(message) from None
-    return ParsedRequest(prompt, params, stream, include_usage, max_tokens is not None, model)
+    return ParsedRequest(prompt, params, stream, include_usage, max_tokens is not None, model, tool_call)
 
 
 def _logit_bias(bias: dict | None) -> dict | None:

@@ -37,6 +37,7 @@ from ..core.block_manager import cdiv
 from ..core.scheduler import SchedulerOutput
 from ..distributed.parallel_state import cpu_group, tp_size
 from ..models.loader import build_model
+from ..structured_output import GrammarBitmask
 from .block_table import BlockTable
 from .cuda_graphs import CUDAGraphs, choose_graph
 from .kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
@@ -261,21 +262,27 @@ class ModelRunner:
         return torch.where(src >= 0, self._last_sampled[src.clamp(min=0)], -1)
 
     @torch.inference_mode()
-    def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput,
-               draft_probs: torch.Tensor | None = None) -> SampledTokens | VerifiedTokens:
+    def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput, draft_probs: torch.Tensor | None = None,
+               grammar_bitmask: GrammarBitmask | None = None) -> SampledTokens | VerifiedTokens:
         """The next token of every sampling sequence, picked on the device; its copy to the host starts.
         A step that verifies guesses goes through the rejection sampler instead (`draft_probs`: the draft
-        model's distributions, [sampling sequences, k, vocab]; None for sure guesses such as n-grams)."""
+        model's distributions, [sampling sequences, k, vocab]; None for sure guesses such as n-grams).
+        `grammar_bitmask`: structured outputs, the tokens each constrained row's grammar allows (None: no row)."""
         seqs = scheduler_output.sampled_seqs
         drafts = [e.draft_token_ids for e in scheduler_output.entries if e.samples]
         processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
         if any(drafts):
             self._last_sampled_rows = {}  # (no overlap while speculating: nothing reads them)
-            if processed:  # they get no guesses (the scheduler's rule): one row each here
-                first_rows = list(itertools.accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
+            # Rows that process their logits or follow a grammar get no guesses (the scheduler's rule): one row each
+            first_rows = list(itertools.accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
+            if grammar_bitmask is not None:
+                logits = grammar_bitmask.apply(logits, first_rows)
+            if processed:
                 logits = logits.clone()
                 logits[first_rows] = process_logits(logits[first_rows], seqs, processed, self.sampler.eos_token_ids)
             return VerifiedTokens(self.rejection_sampler(logits, seqs, drafts, draft_probs))
+        if grammar_bitmask is not None:
+            logits = grammar_bitmask.apply(logits)
         tokens = (self.sampler(logits, seqs, processed, self._in_flight_tokens(seqs, processed)) if seqs
                   else self._last_sampled[:0])
         self._last_sampled = tokens
