@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 INT32_MAX = 2**31 - 1                      # bound of the counts (top_k, max_tokens): ample
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1   # what msgpack's int64 and torch's manual_seed both take
+MAX_LOGPROBS = 20                          # vLLM's default max_logprobs: the most top tokens a request may ask
 
 
 @dataclass
@@ -34,6 +35,11 @@ class SamplingParams:
     min_p: float = 0.0                # drop tokens less likely than min_p times the most likely one
     min_tokens: int = 0               # no end of sequence (EOS, stop_token_ids) before this many tokens
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # Logprobs (vLLM's meaning): None = off; N = each sampled token's logprob and rank plus the N most likely
+    # tokens' (0..MAX_LOGPROBS). From the raw model logits, before any processing, temperature or top-k/top-p
+    # (vLLM's default logprobs_mode, "raw_logprobs"). prompt_logprobs: the same for every prompt position.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         # Values arrive from JSON bodies and CLI flags too: a wrong one gets a clear message here,
@@ -77,6 +83,9 @@ class SamplingParams:
                 raise ValueError(f"logit_bias must map token ids (integers >= 0) to numbers in [-100, 100], "
                                  f"got {_show(self.logit_bias)}")
             self.logit_bias = {t: float(b) for t, b in self.logit_bias.items()} or None  # {} asks for nothing
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
 
     @property
     def processes_logits(self) -> bool:

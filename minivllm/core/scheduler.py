@@ -65,6 +65,8 @@ class ScheduledSequence:
     # A verify entry (a decode with room for guesses) and its guesses, set by the proposer after `schedule`.
     verify: bool = False
     draft_token_ids: list[int] = field(default_factory=list)
+    # Prompt positions computed this step whose next token is a prompt token, for prompt_logprobs (if asked).
+    prompt_logprob_span: range = range(0)
 
 
 @dataclass
@@ -186,7 +188,10 @@ class Scheduler:
             samples = seq.num_computed_tokens == seq.num_tokens
             if samples:
                 seq.num_output_placeholders += 1
-            entries.append(ScheduledSequence(seq, start, n, samples))
+            span = range(0)
+            if seq.params.prompt_logprobs is not None:  # position p gives the logprobs of prompt token p + 1
+                span = range(start, max(start, min(start + n, seq.num_prompt_tokens - 1)))
+            entries.append(ScheduledSequence(seq, start, n, samples, prompt_logprob_span=span))
         return n
 
     def _lookahead(self, seq: Sequence, budget: int) -> int:
@@ -195,6 +200,8 @@ class Scheduler:
                                              and len(self.running) >= self.spec_disable_by_batch_size):
             return 0
         if seq.params.processes_logits:  # penalties change with every token kept: no guesses to verify at once
+            return 0
+        if seq.params.logprobs is not None:  # logprobs are computed for one sampled row per sequence: none
             return 0
         k = self.num_lookahead_tokens
         if self.spec_adaptive and seq.recent_accepted is not None:  # one more than it has been keeping
@@ -230,7 +237,8 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Tokens the head of the queue computes if it joins now (0 = it can't join yet)."""
-        hit = self.blocks.match_prefix(seq)
+        # prompt_logprobs need the logits of every prompt position: no prefix-cache hit (as vLLM)
+        hit = self.blocks.match_prefix(seq) if seq.params.prompt_logprobs is None else 0
         seq.num_computed_tokens = hit
         n = self._chunk(seq, budget)
         if n == 0:
@@ -271,15 +279,19 @@ class Scheduler:
         self._released.append(seq.request_id)
 
     # ---- after the step ----------------------------------------------------------------
-    def update_from_output(self, scheduler_output: SchedulerOutput, sampled_token_ids: list) -> list[Sequence]:
+    def update_from_output(self, scheduler_output: SchedulerOutput, sampled_token_ids: list,
+                           sampled_logprobs: list | None = None) -> list[Sequence]:
         """The step's sampled tokens into the books: one per `scheduler_output.sampled_seqs`, in order (a list
-        of tokens for a verify entry: the guesses kept, then one more). Returns the sequences that got
-        tokens (finished ones included, `is_finished` set)."""
+        of tokens for a verify entry: the guesses kept, then one more), and each one's logprobs (a dict, or None
+        where not asked; requests that ask get no guesses). Returns the sequences that got tokens (finished
+        ones included, `is_finished` set)."""
         sampled, advanced, now = iter(sampled_token_ids), [], time.perf_counter()
+        logprobs = iter(sampled_logprobs or [])
         for entry in scheduler_output.entries:
             seq = entry.seq
             if entry.samples:
                 new_tokens = next(sampled)
+                new_logprobs = next(logprobs, None)
                 seq.num_output_placeholders -= 1
             if seq.is_finished or not entry.samples:
                 continue  # finished (stop, abort) while this step was in flight: its token is dropped;
@@ -299,6 +311,8 @@ class Scheduler:
                 seq.metrics.first_token_time = now
             for token in new_tokens:
                 seq.token_ids.append(token)
+                if new_logprobs is not None:
+                    seq.logprobs.append(new_logprobs)
                 reason = self._stop_reason(seq, token)
                 if reason is not None:  # tokens after a stop are not part of the answer
                     self.finish(seq, reason)

@@ -48,6 +48,10 @@ class Sequence:
         self.recent_accepted: float | None = None  # speculative decoding: guesses kept per step, averaged
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
         self.detokenizer = None  # set by the engine when the model has a tokenizer: text grows per token
+        # Logprobs, if asked (SamplingParams.logprobs / prompt_logprobs): one dict per output token, and one per
+        # prompt token (None for the first, which nothing predicts).
+        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None
         self.generator = None
         if params.seed is not None:  # its own random stream: the batch it lands in changes nothing
             self.generator = torch.Generator(device=device).manual_seed(params.seed)

@@ -250,19 +250,37 @@ class LLMEngine:
     def _process(self, launched: tuple[SchedulerOutput, SampledTokens]) -> list[RequestOutput]:
         """Update -> outputs: wait for the step's tokens, put them in the books, grow the text."""
         scheduler_output, sampled = launched
-        seqs = self.scheduler.update_from_output(scheduler_output, sampled.tolist())
+        tokens = sampled.tolist()
+        per_row, prompt = sampled.logprobs() or (None, [])
+        for seq, first, dicts in prompt:  # position p: prompt token p + 1 (a recomputed chunk adds nothing)
+            have = len(seq.prompt_logprobs) - first - 1
+            if have >= 0:
+                seq.prompt_logprobs.extend(self._decoded(d) for d in dicts[have:])
+        seqs = self.scheduler.update_from_output(scheduler_output, tokens, per_row)
         for seq in seqs:  # a stop string ends the request (the text stops before it)
             if seq.detokenizer is not None:
                 self._detokenize(seq)
         return [self._output(seq) for seq in seqs]
 
+    def _decoded(self, logprobs: dict) -> dict:
+        """Each token of one position's logprobs decoded alone (vLLM's decoded_token), with a tokenizer."""
+        if self.tokenizer is not None:
+            for token_id, logprob in logprobs.items():
+                logprob.decoded_token = self.tokenizer.decode([token_id])
+        return logprobs
+
     def _detokenize(self, seq: Sequence) -> None:
         """The text grows by the step's new tokens (several with speculation); a stop string ends it."""
         detokenizer = seq.detokenizer
         new_tokens = seq.token_ids[seq.num_prompt_tokens + detokenizer.num_added:]
+        if seq.logprobs is not None:  # the new tokens' logprobs, decoded once
+            for logprobs in seq.logprobs[len(seq.logprobs) - len(new_tokens):]:
+                self._decoded(logprobs)
         for i, token in enumerate(new_tokens):
             if detokenizer.add(token):
                 del seq.token_ids[len(seq.token_ids) - len(new_tokens) + i + 1:]  # tokens after it: not the answer
+                if seq.logprobs is not None:
+                    del seq.logprobs[seq.num_output_tokens:]
                 if seq.is_finished:  # the same token also reached a length limit
                     seq.finish_reason = "stop"
                 else:
@@ -272,9 +290,10 @@ class LLMEngine:
     def _output(self, seq: Sequence) -> RequestOutput:
         # The text grows with every token (incremental detokenization), so a stream can show it.
         text = seq.detokenizer.text if seq.detokenizer is not None else ""
+        logprobs = None if seq.logprobs is None else list(seq.logprobs)  # a snapshot, as token_ids is
         return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids,
-                             [CompletionOutput(0, text, seq.output_token_ids, seq.finish_reason)],
-                             seq.is_finished, seq.metrics)
+                             [CompletionOutput(0, text, seq.output_token_ids, seq.finish_reason, logprobs)],
+                             seq.is_finished, seq.metrics, seq.prompt_logprobs)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (nothing to do with one rank). The engine is unusable after."""

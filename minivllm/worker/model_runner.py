@@ -38,41 +38,54 @@ from ..models.loader import build_model
 from .block_table import BlockTable
 from .cuda_graphs import DecodeGraphs
 from .kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
+from .logprobs import StepLogprobs, compute_logprobs
 from .rejection_sampler import RejectionSampler
 from .sampler import Sampler, process_logits
 
 
 class SampledTokens:
-    """A step's sampled token ids on their way to the host."""
+    """A step's sampled token ids (and the logprobs asked for, if any) on their way to the host."""
 
-    def __init__(self, tokens: torch.Tensor, copy_stream):
-        self._ready = None
+    def __init__(self, tokens: torch.Tensor, copy_stream, logprobs: StepLogprobs | None = None):
+        self._ready, self._logprobs, self._num_rows = None, logprobs, tokens.shape[0]
+        tensors = [tokens] + (logprobs.tensors if logprobs is not None else [])
         if not tokens.is_cuda:
-            self._host = tokens
+            self._host = tensors
             return
-        self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
         copy_stream.wait_stream(torch.cuda.current_stream(tokens.device))  # after the sampler's kernels
         with torch.cuda.stream(copy_stream):
-            self._host.copy_(tokens, non_blocking=True)
+            for host, t in zip(self._host, tensors):
+                host.copy_(t, non_blocking=True)
             self._ready = torch.cuda.Event()
             self._ready.record(copy_stream)
-        tokens.record_stream(copy_stream)  # the allocator must not reuse it before the copy is done
+        for t in tensors:
+            t.record_stream(copy_stream)  # the allocator must not reuse them before the copy is done
 
     def tolist(self) -> list[int]:
         """The ids, waiting for this copy only (the GPU may already run the next step)."""
         if self._ready is not None:
             self._ready.synchronize()
-        return self._host.tolist()
+        return self._host[0].tolist()
+
+    def logprobs(self):
+        """After `tolist`: (a dict or None per sampling row, the prompt chunks' dicts), or None if nobody asked."""
+        return self._logprobs.on_host(self._host[1:], self._num_rows) if self._logprobs is not None else None
 
 
 class VerifiedTokens:
     """A verify step's tokens, already on the host: per sampling sequence, its kept guesses and one more."""
 
-    def __init__(self, tokens: list[list[int]]):
-        self._tokens = tokens
+    def __init__(self, tokens: list[list[int]], logprobs: StepLogprobs | None = None):
+        self._tokens, self._logprobs = tokens, logprobs
 
     def tolist(self) -> list[list[int]]:
         return self._tokens
+
+    def logprobs(self):
+        if self._logprobs is None:
+            return None
+        return self._logprobs.on_host([t.cpu() for t in self._logprobs.tensors], len(self._tokens))
 
 
 @dataclass
@@ -151,7 +164,8 @@ class ModelRunner:
     # ---- a step ------------------------------------------------------------------------
     def prepare(self, scheduler_output: SchedulerOutput):
         """The flat batch on the device: (input_ids, positions, metadata, sample_index), where
-        sample_index holds the flat index of the last token of every sequence that samples."""
+        sample_index holds the flat index of the last token of every sequence that samples, then those of
+        the prompt positions whose logprobs are asked (`prompt_logprob_span`)."""
         return self._unpack(*self.pack(scheduler_output))
 
     def pack(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, BatchLayout]:
@@ -160,7 +174,9 @@ class ModelRunner:
         self.block_table.truncate(scheduler_output.truncated_block_tables)
         entries = scheduler_output.entries
         rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_positions = [], [], [], [], [], [], []
+        prompt_positions = []  # their logits come after the sampling rows'
         for e in entries:
+            prompt_positions.extend(p - e.start + len(token_ids) for p in e.prompt_logprob_span)
             rows.append(self.block_table.row_of(e.seq))
             starts.append(e.start)
             lens.append(e.num_tokens)
@@ -191,7 +207,7 @@ class ModelRunner:
         width = cdiv(max_context_len, bs)
         block_tables = self.block_table.table[torch.tensor(rows), :width]
         slots = block_tables[owner, positions // bs].long() * bs + positions % bs
-        sample_index = torch.tensor(sample_positions, dtype=torch.int64)
+        sample_index = torch.tensor(sample_positions + prompt_positions, dtype=torch.int64)
 
         # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy is
         # asynchronous), then is cut into views: one transfer per step instead of nine.
@@ -221,7 +237,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Logits [num sampling sequences, vocab] (float32), on the device, not waited for."""
+        """Logits [sampling rows (+ prompt-logprob rows), vocab] (float32), on the device, not waited for."""
         flat, layout = self.pack(scheduler_output)
         return self.execute_batch(layout, flat)
 
@@ -259,16 +275,42 @@ class ModelRunner:
         model's distributions, [sampling sequences, k, vocab]; None for sure guesses such as n-grams)."""
         seqs = scheduler_output.sampled_seqs
         drafts = [e.draft_token_ids for e in scheduler_output.entries if e.samples]
+        num_rows = sum(len(d) + 1 for d in drafts)
+        logits, prompt_logits = logits[:num_rows], logits[num_rows:]  # raw: what logprobs read
         processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
         if any(drafts):
             self._last_sampled_rows = {}  # (no overlap while speculating: nothing reads them)
-            if processed:  # they get no guesses (the scheduler's rule): one row each here
-                first_rows = list(itertools.accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
+            # Requests that process their logits or ask for logprobs get no guesses (the scheduler's rule):
+            # one row each here.
+            first_rows = list(itertools.accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
+            raw = logits
+            if processed:
                 logits = logits.clone()
                 logits[first_rows] = process_logits(logits[first_rows], seqs, processed, self.sampler.eos_token_ids)
-            return VerifiedTokens(self.rejection_sampler(logits, seqs, drafts, draft_probs))
+            tokens = self.rejection_sampler(logits, seqs, drafts, draft_probs)
+            first = torch.tensor([t[0] for t in tokens], device=self.device)
+            return VerifiedTokens(tokens, self._logprobs(raw[first_rows], first, prompt_logits, scheduler_output))
         tokens = (self.sampler(logits, seqs, processed, self._in_flight_tokens(seqs, processed)) if seqs
                   else self._last_sampled[:0])
         self._last_sampled = tokens
         self._last_sampled_rows = {seq.request_id: i for i, seq in enumerate(seqs)}
-        return SampledTokens(tokens, self.copy_stream)
+        return SampledTokens(tokens, self.copy_stream, self._logprobs(logits, tokens, prompt_logits, scheduler_output))
+
+    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, prompt_logits: torch.Tensor,
+                  scheduler_output: SchedulerOutput) -> StepLogprobs | None:
+        """The logprobs the step's requests ask for (None: nobody does). logits [sampling sequences, V] and
+        their chosen tokens; prompt_logits: one row per position of the prefill chunks' prompt_logprob_span."""
+        sampled = [(i, s.params.logprobs) for i, s in enumerate(scheduler_output.sampled_seqs)
+                   if s.params.logprobs is not None]
+        prompt = [(e.seq, e.prompt_logprob_span.start, e.seq.params.prompt_logprobs, len(e.prompt_logprob_span))
+                  for e in scheduler_output.entries if e.prompt_logprob_span]
+        if not sampled and not prompt:
+            return None
+        rows = [i for i, _ in sampled]
+        targets = [t for seq, first, _, count in prompt for t in seq.prompt_token_ids[first + 1:first + 1 + count]]
+        # The next prompt tokens are known on the host: one small copy (pinned on a GPU: it does not block).
+        targets = torch.tensor(targets, dtype=torch.int64, pin_memory=self.use_async_copies)
+        k = max([n for _, n in sampled] + [n for _, _, n, _ in prompt])
+        tensors = compute_logprobs(torch.cat([logits[rows], prompt_logits]),
+                                   torch.cat([tokens[rows], targets.to(self.device, non_blocking=True)]), k)
+        return StepLogprobs(sampled, prompt, list(tensors))
