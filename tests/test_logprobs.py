@@ -94,3 +94,36 @@ def test_bad_logprobs_values_are_value_errors(name, value):
 def test_logprobs_cross_the_wire():
     params = SamplingParams(logprobs=3)
     assert EngineCoreRequest.of("r", [1, 2], params).sampling_params().logprobs == 3
+
+
+@pytest.mark.parametrize("engine_core_process", [True, False])
+def test_async_llm_streams_the_same_logprobs(tiny_llama, engine_core_process):
+    """Through the engine core in a process (arrays on the wire) and in a thread: the offline logprobs."""
+    import asyncio
+
+    from minivllm import AsyncLLM
+    folder, _ = tiny_llama
+    args = dict(max_model_len=80, num_kv_blocks=40)
+    prompts = random_prompts(2, seed=8, low=3)
+    params = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, logprobs=3)
+    offline = LLM(folder, **args).generate(prompts, params, use_tqdm=False)
+    engine = AsyncLLM(folder, engine_core_process=engine_core_process, **args)
+    try:
+        async def run(prompt):
+            return [out async for out in engine.generate(prompt, params)]
+
+        async def main():
+            streams = await asyncio.gather(*[run(p) for p in prompts])
+            with pytest.raises(ValueError, match="prompt_logprobs"):
+                await engine.add_request("x", prompts[0], SamplingParams(prompt_logprobs=1))
+            return streams
+
+        streams = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    for outs, ref in zip(streams, offline):
+        for out in outs:  # cumulative: one dict per token so far
+            assert len(out.outputs[0].logprobs) == len(out.outputs[0].token_ids)
+        got, want = outs[-1].outputs[0].logprobs, ref.outputs[0].logprobs
+        assert [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in got] == \
+               [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in want]

@@ -85,6 +85,8 @@ class AsyncLLM:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids, params = self.input_processor.process(prompt, sampling_params)
+        if params.prompt_logprobs is not None:  # not carried between the core and the frontend
+            raise ValueError("prompt_logprobs is supported offline only (LLM, LLMEngine), not by AsyncLLM")
         loop = asyncio.get_running_loop()
         self._loops.add(loop)
         # The core sees a unique id: a client may reuse its id once a request has finished here,

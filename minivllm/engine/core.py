@@ -153,7 +153,11 @@ class EngineCore:
         if not out.finished:
             self._num_sent[out.request_id] = len(token_ids)
         reason = out.outputs[0].finish_reason if out.finished else None
-        return EngineCoreOutput(out.request_id, token_ids[sent:], reason)
+        logprobs = out.outputs[0].logprobs
+        if logprobs is not None:  # arrays on the wire, not dicts of objects
+            logprobs = [(list(d), [lp.logprob for lp in d.values()], [lp.rank for lp in d.values()])
+                        for d in logprobs[sent:]]
+        return EngineCoreOutput(out.request_id, token_ids[sent:], reason, logprobs)
 
 
 # ---- the core's process ----------------------------------------------------------------

@@ -36,13 +36,14 @@ class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
     min_p: float = 0.0
     min_tokens: int = 0
     logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None
 
     @classmethod
     def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> EngineCoreRequest:
         return cls(request_id, prompt_token_ids, float(params.temperature), float(params.top_p), params.top_k,
                    params.max_tokens, params.ignore_eos, params.stop_token_ids, params.seed,
                    float(params.presence_penalty), float(params.frequency_penalty), float(params.repetition_penalty),
-                   float(params.min_p), params.min_tokens, params.logit_bias)
+                   float(params.min_p), params.min_tokens, params.logit_bias, params.logprobs)
 
     def sampling_params(self) -> SamplingParams:
         """Checked again (SamplingParams raises ValueError): what arrives on a socket is not trusted."""
@@ -51,7 +52,7 @@ class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
                               stop_token_ids=self.stop_token_ids, seed=self.seed,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                               repetition_penalty=self.repetition_penalty, min_p=self.min_p,
-                              min_tokens=self.min_tokens, logit_bias=self.logit_bias)
+                              min_tokens=self.min_tokens, logit_bias=self.logit_bias, logprobs=self.logprobs)
 
 
 class AbortRequests(msgspec.Struct, tag="abort", frozen=True):
@@ -67,6 +68,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, frozen=True):
     request_id: str
     new_token_ids: list[int]
     finish_reason: str | None = None   # set on the request's last output
+    # With SamplingParams.logprobs: per new token, arrays (token ids, logprobs, ranks), the chosen token first
+    new_logprobs: list[tuple[list[int], list[float], list[int]]] | None = None
 
 
 class RejectedRequest(msgspec.Struct, array_like=True, frozen=True):

@@ -18,7 +18,7 @@ import collections
 import time
 
 from ..core.detokenizer import IncrementalDetokenizer
-from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
 from .core_messages import EngineCoreOutputs
 
@@ -31,6 +31,8 @@ class RequestState:
         self.request_id, self.core_id = request_id, core_id   # the client's id; a unique one for the core
         self.prompt, self.prompt_token_ids = prompt, prompt_token_ids
         self.token_ids: list[int] = []
+        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None  # one per token
+        self.tokenizer = tokenizer
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params.stop) if tokenizer else None
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
@@ -41,11 +43,14 @@ class RequestState:
     def text(self) -> str:
         return self.detokenizer.text if self.detokenizer is not None else ""
 
-    def update(self, new_token_ids: list[int], finish_reason: str | None) -> bool:
-        """Take one step's news; True if a stop string ended the answer here (the core must abort it)."""
+    def update(self, new_token_ids: list[int], finish_reason: str | None, new_logprobs=None) -> bool:
+        """Take one step's news; True if a stop string ended the answer here (the core must abort it).
+        `new_logprobs`: the core's arrays (ids, logprobs, ranks) per new token, when the request asks."""
         stopped = False
-        for token_id in new_token_ids:
+        for i, token_id in enumerate(new_token_ids):
             self.token_ids.append(token_id)
+            if self.logprobs is not None and new_logprobs is not None:
+                self.logprobs.append(self._logprobs(*new_logprobs[i]))
             if self.detokenizer is not None and self.detokenizer.add(token_id):
                 stopped = True  # the text ends before the stop string; later tokens are not part of the answer
                 break
@@ -58,10 +63,17 @@ class RequestState:
         self.stream.put((len(self.token_ids), len(self.text), self.finish_reason))
         return stopped and finish_reason is None
 
+    def _logprobs(self, ids: list[int], logprobs: list[float], ranks: list[int]) -> dict[int, Logprob]:
+        """One position's arrays -> vLLM's dict, each token decoded alone (decoded_token)."""
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        return {t: Logprob(lp, r, decode([t]) if decode else None) for t, lp, r in zip(ids, logprobs, ranks)}
+
     def output(self, snapshot) -> RequestOutput:
         num_tokens, text_len, finish_reason = snapshot
+        logprobs = self.logprobs[:num_tokens] if self.logprobs is not None else None
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
-                             [CompletionOutput(0, self.text[:text_len], self.token_ids[:num_tokens], finish_reason)],
+                             [CompletionOutput(0, self.text[:text_len], self.token_ids[:num_tokens], finish_reason,
+                                               logprobs)],
                              finish_reason is not None, self.metrics)
 
 
@@ -145,7 +157,7 @@ class OutputProcessor:
             state = self._by_core_id.get(news.request_id)
             if state is None or state.loop is not loop:  # aborted meanwhile, or another loop's
                 continue
-            if state.update(news.new_token_ids, news.finish_reason):
+            if state.update(news.new_token_ids, news.finish_reason, news.new_logprobs):
                 to_abort.append(state.core_id)
             if state.finish_reason is not None:
                 self.remove(state)

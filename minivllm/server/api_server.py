@@ -81,16 +81,17 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         except ValueError as e:  # bad messages, over-long prompt, ids outside the vocabulary ...
             raise APIError(str(e)) from None
         if parsed.stream:
-            return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage),
+            return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage, parsed.params.logprobs),
                                      media_type="text/event-stream", background=BackgroundTask(stream.close))
         final = await _unless_disconnected(request, _last(stream))
         stream.close()
         if final is None:  # the client is gone: nobody reads this response
             return Response(status_code=499)
-        text = final.outputs[0].text
+        answer = final.outputs[0]
+        logprobs = protocol.logprobs_of(chat, answer.logprobs, parsed.params.logprobs)
         return protocol.response(request_id, served_model_name, chat,
-                                 [protocol.choice(chat, text, final.outputs[0].finish_reason, delta=False)],
-                                 False, protocol.usage(len(final.prompt_token_ids), len(final.outputs[0].token_ids)))
+                                 [protocol.choice(chat, answer.text, answer.finish_reason, False, logprobs=logprobs)],
+                                 False, protocol.usage(len(final.prompt_token_ids), len(answer.token_ids)))
 
     async def _last(stream):
         last = None
@@ -100,8 +101,9 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         metrics.on_finished(last)
         return last
 
-    async def _sse(stream, request_id: str, chat: bool, include_usage: bool):
-        """Server-sent events: one chunk per engine step with the new text, then usage, then [DONE]."""
+    async def _sse(stream, request_id: str, chat: bool, include_usage: bool, top_n: int | None):
+        """Server-sent events: one chunk per engine step with the new text (and the new tokens' logprobs), then
+        usage, then [DONE]."""
         def event(choices, usage=None):
             body = protocol.response(request_id, served_model_name, chat, choices, True, usage)
             if include_usage and usage is None:
@@ -111,13 +113,16 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         try:
             if chat:  # OpenAI's streams open with the role
                 yield event([protocol.choice(chat, "", None, delta=True, first=True)])
-            sent_text, last = "", None
+            sent_text, sent_tokens, text_offset, last = "", 0, 0, None
             async for out in stream.merged():  # the steps a slow reader missed come as one event
                 metrics.on_output(out, last)
-                last, text = out, out.outputs[0].text
-                reason = out.outputs[0].finish_reason if out.finished else None
-                yield event([protocol.choice(chat, text[len(sent_text):], reason, delta=True)])
-                sent_text = text
+                last, answer = out, out.outputs[0]
+                reason = answer.finish_reason if out.finished else None
+                new = answer.logprobs[sent_tokens:] if answer.logprobs is not None else None
+                logprobs = protocol.logprobs_of(chat, new, top_n, text_offset)
+                yield event([protocol.choice(chat, answer.text[len(sent_text):], reason, True, logprobs=logprobs)])
+                sent_text, sent_tokens = answer.text, len(answer.token_ids)
+                text_offset += sum(len(next(iter(d.values())).decoded_token) for d in new or [])
             metrics.on_finished(last)
             if include_usage:
                 yield event([], protocol.usage(len(last.prompt_token_ids), len(last.outputs[0].token_ids)))
