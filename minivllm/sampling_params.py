@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 INT32_MAX = 2**31 - 1                      # bound of the counts (top_k, max_tokens): ample
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1   # what msgpack's int64 and torch's manual_seed both take
+MAX_N = 256                                # answers per request: a bound, the engine's max_num_seqs is the real one
 MAX_LOGPROBS = 20                          # vLLM's default max_logprobs: the most top tokens a request may ask
 
 
@@ -40,6 +41,9 @@ class SamplingParams:
     # (vLLM's default logprobs_mode, "raw_logprobs"). prompt_logprobs: the same for every prompt position.
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Parallel sampling: n answers to one prompt, prefilled once, its KV blocks shared (copied on write).
+    # Answer i draws with seed + i (a seed given): each equals the one that seed gives alone.
+    n: int = 1
 
     def __post_init__(self):
         # Values arrive from JSON bodies and CLI flags too: a wrong one gets a clear message here,
@@ -83,6 +87,7 @@ class SamplingParams:
                 raise ValueError(f"logit_bias must map token ids (integers >= 0) to numbers in [-100, 100], "
                                  f"got {_show(self.logit_bias)}")
             self.logit_bias = {t: float(b) for t, b in self.logit_bias.items()} or None  # {} asks for nothing
+        _check_int("n", self.n, 1, MAX_N)
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)

@@ -194,6 +194,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids, params = self.input_processor.process(prompt, sampling_params)
+        if params.n > self.scheduler.max_num_seqs:
+            raise ValueError(f"n={params.n} answers do not fit in max_num_seqs={self.scheduler.max_num_seqs}")
         seq = Sequence(request_id, token_ids, params, text, self.device)
         if self.tokenizer is not None:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
@@ -206,7 +208,9 @@ class LLMEngine:
         seq = self.requests.get(request_id)
         if seq is None:
             return None
-        self.scheduler.finish(seq, "abort")
+        for answer in seq.group:  # n > 1: every answer (those already finished stay as they are)
+            if not answer.is_finished:
+                self.scheduler.finish(answer, "abort")
         return self._output(seq)
 
     def has_unfinished_requests(self) -> bool:
@@ -260,7 +264,8 @@ class LLMEngine:
         for seq in seqs:  # a stop string ends the request (the text stops before it)
             if seq.detokenizer is not None:
                 self._detokenize(seq)
-        return [self._output(seq) for seq in seqs]
+        requests = {id(r): r for r in (seq.parent or seq for seq in seqs)}  # n > 1: one output per request
+        return [self._output(r) for r in requests.values()]
 
     def _decoded(self, logprobs: dict) -> dict:
         """Each token of one position's logprobs decoded alone (vLLM's decoded_token), with a tokenizer."""
@@ -288,12 +293,19 @@ class LLMEngine:
                 return
 
     def _output(self, seq: Sequence) -> RequestOutput:
+        """The request's output: one CompletionOutput per answer (n; those not forked yet are empty)."""
+        answers = [self._completion(s) for s in seq.group]
+        answers += [CompletionOutput(i, "", [], seq.finish_reason, None if seq.logprobs is None else [])
+                    for i in range(len(answers), seq.params.n)]
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, answers,
+                             all(a.finish_reason is not None for a in answers), seq.metrics, seq.prompt_logprobs)
+
+    @staticmethod
+    def _completion(seq: Sequence) -> CompletionOutput:
         # The text grows with every token (incremental detokenization), so a stream can show it.
         text = seq.detokenizer.text if seq.detokenizer is not None else ""
         logprobs = None if seq.logprobs is None else list(seq.logprobs)  # a snapshot, as token_ids is
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids,
-                             [CompletionOutput(0, text, seq.output_token_ids, seq.finish_reason, logprobs)],
-                             seq.is_finished, seq.metrics, seq.prompt_logprobs)
+        return CompletionOutput(seq.index, text, seq.output_token_ids, seq.finish_reason, logprobs)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (nothing to do with one rank). The engine is unusable after."""

@@ -91,7 +91,8 @@ class VerifiedTokens:
 @dataclass
 class BatchLayout:
     """What a rank needs, beside the flat int64 tensor, to cut it back into a step's inputs."""
-    field_sizes: list[int]  # input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, tables
+    field_sizes: list[int]  # input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, tables,
+    #                         and the copy-on-write blocks' sources and destinations
     num_seqs: int
     table_width: int
     max_query_len: int
@@ -119,6 +120,7 @@ class ModelRunner:
         self.rejection_sampler = RejectionSampler(self.device, self.sampler.generator)
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: DecodeGraphs | None = None
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, bound by initialize_kv_cache
         self.use_async_copies = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.use_async_copies else None
         # The last step's sampled ids, still on the device, and the row of each request in them.
@@ -143,7 +145,8 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the cache and bind each layer's keys and values to its attention layer."""
-        kv = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype, self.device)
+        kv = self.kv_caches = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype,
+                                                self.device)
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
             layer.bind_cache(k_cache, v_cache)
 
@@ -193,6 +196,7 @@ class ModelRunner:
             if e.samples:  # logits at the last token; a verify's at each guess's position too
                 end = len(token_ids)
                 sample_positions.extend(range(end - 1 - len(e.draft_token_ids), end))
+                sample_positions.extend([end - 1] * len(e.forks))  # n > 1: each answer samples from the prompt's end
         context_lens = [s + n for s, n in zip(starts, lens)]
         num_decodes = scheduler_output.num_decodes
         max_context_len = max(context_lens)
@@ -211,21 +215,22 @@ class ModelRunner:
 
         # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy is
         # asynchronous), then is cut into views: one transfer per step instead of nine.
+        copies = torch.tensor(scheduler_output.block_copies, dtype=torch.int64).view(-1, 2)
         fields = [torch.tensor(token_ids), positions, slots, cu_seqlens, torch.tensor(context_lens), sample_index,
                   torch.tensor(from_gpu_dst, dtype=torch.int64), torch.tensor(from_gpu_src, dtype=torch.int64),
-                  block_tables.flatten()]
+                  block_tables.flatten(), copies[:, 0], copies[:, 1]]
         host = torch.empty(sum(f.numel() for f in fields), dtype=torch.int64, pin_memory=self.use_async_copies)
         torch.cat([f.to(torch.int64) for f in fields], out=host)
         flat = host.to(self.device, non_blocking=True)
         layout = BatchLayout([f.numel() for f in fields], B, width, max(lens), max_context_len, num_decodes,
                              max(context_lens[:num_decodes], default=0))
         if from_gpu_dst:
-            input_ids, _, _, _, _, _, dst, src, _ = flat.split(layout.field_sizes)
+            input_ids, _, _, _, _, _, dst, src, *_ = flat.split(layout.field_sizes)
             input_ids[dst] = self._last_sampled[src]
         return flat, layout
 
     def _unpack(self, flat: torch.Tensor, layout: BatchLayout):
-        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, _, _, block_tables = flat.split(
+        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, _, _, block_tables, _, _ = flat.split(
             layout.field_sizes)
         meta = AttentionMetadata(
             cu_seqlens_q=cu_seqlens.int(), context_lens=context_lens.int(), slot_mapping=slots,
@@ -250,6 +255,11 @@ class ModelRunner:
                 flat = torch.empty(sum(layout.field_sizes), dtype=torch.int64, device=self.device)
             dist.broadcast(flat, src=0)
         input_ids, positions, meta, sample_index = self._unpack(flat, layout)
+        *_, copy_src, copy_dst = flat.split(layout.field_sizes)
+        if copy_src.numel():  # copy-on-write (n > 1): a shared block's keys and values, before anyone writes
+            for k_cache, v_cache in self.kv_caches:
+                k_cache[copy_dst] = k_cache[copy_src]
+                v_cache[copy_dst] = v_cache[copy_src]
         if self.graphs is not None and meta.num_decodes == meta.num_seqs <= self.graphs.max_batch:
             return self.graphs.run(input_ids, positions, meta)  # every decode samples
         hidden = self.model(input_ids, positions, self.attn_backend.build_metadata(meta))
@@ -274,7 +284,7 @@ class ModelRunner:
         A step that verifies guesses goes through the rejection sampler instead (`draft_probs`: the draft
         model's distributions, [sampling sequences, k, vocab]; None for sure guesses such as n-grams)."""
         seqs = scheduler_output.sampled_seqs
-        drafts = [e.draft_token_ids for e in scheduler_output.entries if e.samples]
+        drafts = scheduler_output.sampled_drafts
         num_rows = sum(len(d) + 1 for d in drafts)
         logits, prompt_logits = logits[:num_rows], logits[num_rows:]  # raw: what logprobs read
         processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
