@@ -108,3 +108,40 @@ def test_n_above_max_num_seqs_is_refused(tiny_llama):
     llm = LLM(tiny_llama[0], max_model_len=80, num_kv_blocks=40, max_num_seqs=4)
     with pytest.raises(ValueError, match="max_num_seqs"):
         llm.generate([[1, 2, 3]], SamplingParams(n=5), use_tqdm=False)
+
+
+@pytest.mark.parametrize("engine_core_process", [True, False])
+def test_async_llm_n_equals_the_offline_engine_and_an_abort_frees_everything(tiny_llama, engine_core_process):
+    import asyncio
+
+    from minivllm import AsyncLLM
+    args = dict(max_model_len=80, num_kv_blocks=40, block_size=BS, max_num_seqs=8)
+    prompt = random_prompts(1, seed=3, low=P, high=P + 1)[0]
+    params = sampled(4, n=3, logprobs=2)
+    offline = LLM(tiny_llama[0], **args).generate([prompt], params, use_tqdm=False)[0]
+    engine = AsyncLLM(tiny_llama[0], engine_core_process=engine_core_process, **args)
+    try:
+        async def main():
+            outs = [out async for out in engine.generate(prompt, params)]
+            long = SamplingParams(n=4, temperature=1.0, max_tokens=60, ignore_eos=True)
+            async for out in engine.generate(prompt, long):  # a reader that leaves mid-stream aborts all 4
+                if len(out.outputs[0].token_ids) >= 3:
+                    break
+            with pytest.raises(ValueError, match="max_num_seqs"):
+                await engine.add_request("x", prompt, SamplingParams(n=9))
+            for _ in range(500):
+                stats = engine.get_stats()
+                if stats["num_running"] == stats["num_waiting"] == 0 and not engine.requests:
+                    return outs, stats
+                await asyncio.sleep(0.01)
+            raise AssertionError(engine.get_stats())
+
+        outs, stats = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    final = outs[-1]
+    assert final.finished and not any(o.finished for o in outs[:-1])
+    assert [c.token_ids for c in final.outputs] == [c.token_ids for c in offline.outputs]
+    assert [[list(d) for d in c.logprobs] for c in final.outputs] == \
+           [[list(d) for d in c.logprobs] for c in offline.outputs]

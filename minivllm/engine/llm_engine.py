@@ -201,15 +201,15 @@ class LLMEngine:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
         self.scheduler.add(seq)
 
-    def abort_request(self, request_id: str) -> RequestOutput | None:
+    def abort_request(self, request_id: str, index: int | None = None) -> RequestOutput | None:
         """End a request wherever it is (waiting, prefilling, decoding, in a step in flight); its
         blocks come back. Returns its last output (finish_reason "abort"), or None for an unknown
-        or finished id."""
+        or finished id. n > 1: every answer, or only answer `index` (a stop string ended it)."""
         seq = self.requests.get(request_id)
-        if seq is None:
+        if seq is None or seq.parent is not None:  # (an answer's own id is the engine's, not a request's)
             return None
-        for answer in seq.group:  # n > 1: every answer (those already finished stay as they are)
-            if not answer.is_finished:
+        for answer in seq.group:  # (those already finished stay as they are)
+            if not answer.is_finished and index in (None, answer.index):
                 self.scheduler.finish(answer, "abort")
         return self._output(seq)
 
