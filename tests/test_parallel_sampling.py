@@ -51,10 +51,14 @@ def test_n_shares_the_prompt_and_each_answer_equals_its_seed_alone(tiny_llama, e
     prompt = random_prompts(1, seed=3, low=P, high=P + 1)[0]
     llm = LLM(tiny_llama[0], max_model_len=80, num_kv_blocks=40, block_size=BS, enable_prefix_caching=False,
               **engine_args)
-    [out], peak, prefill = run(llm, [prompt], [sampled(11, n=4)])
-    alone, peak_alone, prefill_alone = run(llm, [prompt] * 4, [sampled(11 + i) for i in range(4)])
+    [out], peak, prefill = run(llm, [prompt], [sampled(11, n=4, logprobs=0)])
+    alone, peak_alone, prefill_alone = run(llm, [prompt] * 4, [sampled(11 + i, logprobs=0) for i in range(4)])
     assert [c.index for c in out.outputs] == [0, 1, 2, 3]
     assert [c.token_ids for c in out.outputs] == [a.outputs[0].token_ids for a in alone]
+    # The same logits too: every answer read the right keys and values (its copied block, its own table).
+    for c, a in zip(out.outputs, alone):
+        assert [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)] == \
+               pytest.approx([d[t].logprob for d, t in zip(a.outputs[0].logprobs, c.token_ids)], abs=1e-5)
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # temperature 1: different answers
     # KV written per answer: the prompt and all its tokens but the last (never fed back).
     own = cdiv(P + T - 1, BS) - P // BS

@@ -87,7 +87,7 @@ BAD = [  # (field, value): refused on both endpoints, with the field's name in t
     ("stop_token_ids", 5), ("stop_token_ids", [True]), ("stop_token_ids", [-1]), ("stop_token_ids", [1.0]),
     ("stop_token_ids", [[1]]), ("stop_token_ids", [10**30]), ("stop_token_ids", "1"), ("stop_token_ids", {}),
     ("ignore_eos", 1), ("ignore_eos", "true"), ("ignore_eos", [True]),
-    ("n", 2), ("n", 0), ("n", True), ("n", 1.0), ("n", "1"), ("n", 10**30),
+    ("n", 0), ("n", -1), ("n", True), ("n", 1.0), ("n", "1"), ("n", 10**30),
     ("stream", 1), ("stream", "true"), ("stream", [True]), ("stream", {}),
     ("stream_options", True), ("stream_options", []), ("stream_options", "x"),
     ("user", 5), ("user", ["u"]), ("user", {}),
@@ -120,6 +120,11 @@ def test_a_bad_field_is_a_400_naming_it(chat, field, value):
 def test_include_usage_must_be_a_bool():
     message = refused({**COMPLETION, "stream": True, "stream_options": {"include_usage": 1}}, False)
     assert "include_usage" in message
+
+
+def test_n_reaches_the_sampling_params():
+    for chat in (False, True):
+        assert parse_request({**base(chat), "n": 4}, chat).params.n == 4
 
 
 def test_logprobs_fields():

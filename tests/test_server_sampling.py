@@ -1,8 +1,13 @@
 """The server's logprobs and n, with the real `openai` client and real SmolLM2 (float32, CPU).
 
 Greedy logprobs equal log_softmax of transformers' logits on the same folder, chat and completions, whole
-and streamed; bad values are 400s.
+and streamed; n answers equal those their seeds give alone, streamed with their index, usage counting them
+all; a stream left mid-way frees every block; bad values are 400s.
 """
+import re
+import time
+
+import httpx
 import openai
 import pytest
 import torch
@@ -19,9 +24,14 @@ N = 8
 
 
 @pytest.fixture(scope="module")
-def client():
+def base_url():
     with running_server(MODEL, "--max-model-len", "256", "--num-kv-blocks", "64", "--max-num-seqs", "8") as url:
-        yield openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +92,56 @@ def test_completions_logprobs_equal_transformers(client, reference):
     assert sum((c.text_offset for c in chunks), []) == lp.text_offset
 
 
+def test_chat_n_answers_equal_their_seeds_alone(client):
+    kw = dict(model=MODEL, messages=QUESTION, temperature=1.0, max_tokens=N)
+    answer = client.chat.completions.create(**kw, n=4, seed=3)
+    assert [c.index for c in answer.choices] == [0, 1, 2, 3]
+    alone = [client.chat.completions.create(**kw, seed=3 + i).choices[0].message.content for i in range(4)]
+    assert [c.message.content for c in answer.choices] == alone
+    assert len(set(alone)) > 1
+    assert answer.usage.completion_tokens == 4 * N  # (no answer stopped early at this length)
+
+
+def test_completions_n_streams_each_answer_with_its_index(client):
+    kw = dict(model=MODEL, prompt="Once upon a time", temperature=1.0, max_tokens=N, n=3, seed=9, logprobs=1)
+    whole = client.completions.create(**kw)
+    texts, tokens, reasons, usage = {}, {}, {}, None
+    for chunk in client.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            tokens[c.index] = tokens.get(c.index, []) + (c.logprobs.tokens if c.logprobs else [])
+            reasons[c.index] = c.finish_reason or reasons.get(c.index)
+        usage = chunk.usage or usage
+    assert texts == {c.index: c.text for c in whole.choices}
+    assert tokens == {c.index: c.logprobs.tokens for c in whole.choices}
+    assert reasons == {c.index: c.finish_reason for c in whole.choices} == dict.fromkeys(range(3), "length")
+    assert usage.completion_tokens == whole.usage.completion_tokens == 3 * N
+
+
+def test_n_stream_left_mid_way_frees_every_block(base_url, client):
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=1.0, max_tokens=200, n=4,
+                                            stream=True, extra_body={"ignore_eos": True})
+    for i, _ in enumerate(stream):
+        if i == 8:  # the 4 role chunks, then some tokens
+            stream.close()
+            break
+    for _ in range(300):
+        text = httpx.get(base_url + "/metrics").text
+        m = {k: float(v) for k, v in re.findall(r"^minivllm:(\w+)\{[^}]*\} (\S+)$", text, re.M)}
+        if m["num_requests_running"] == m["num_requests_waiting"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["num_requests_running"] == 0 and m["kv_cache_usage_perc"] == 0
+    assert m["generation_tokens_total"] < 4 * 200  # aborted: far from 4 answers of 200 tokens
+
+
 @pytest.mark.parametrize("chat, fields", [
+    (True, {"n": 0}), (True, {"n": 9}), (False, {"n": -1}), (False, {"n": True}),
     (True, {"logprobs": True, "top_logprobs": 21}), (True, {"logprobs": True, "top_logprobs": -1}),
     (True, {"top_logprobs": 2}), (False, {"logprobs": 21}), (False, {"logprobs": -1}),
 ])
-def test_bad_logprobs_are_400s(client, chat, fields):
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
+def test_bad_logprobs_and_n_are_400s(client, chat, fields):
+    with pytest.raises(openai.BadRequestError, match="logprobs|n"):
         if chat:
             client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=2, **fields)
         else:

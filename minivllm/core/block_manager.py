@@ -18,7 +18,8 @@ Parallel sampling (n > 1): the n answers of one request share the prompt's block
 block's reference count + n - 1). Full blocks are only ever read. The last, partly filled one is
 written by every answer's first tokens: an answer that writes into a block others still hold first
 gets a copy of it (copy-on-write, as in the PagedAttention paper); the last one to write keeps it.
-The copies to make (source, destination) wait in `pending_copies` for the next step's runner.
+The copies to make wait in `pending_copies` for the next step's runner: (request id, index in its
+table, source block, destination block).
 
 Sliding window: a sequence that attends only to its last `window` tokens releases the
 blocks that fell entirely out of the window (its table keeps a NO_BLOCK hole there).
@@ -56,7 +57,7 @@ class BlockManager:
         self.free_ids: list[int] = list(range(num_blocks - 1, -1, -1))  # never used or holding nothing
         self.evictable: OrderedDict[int, None] = OrderedDict()          # ref 0, cached contents, LRU first
         self.cached: dict[int, int] = {}                                # prefix hash -> block id
-        self.pending_copies: list[tuple[int, int]] = []                  # copy-on-write (src, dst) blocks
+        self.pending_copies: list[tuple[str, int, int, int]] = []        # copy-on-write: (id, index, src, dst)
 
     # ---- counts ------------------------------------------------------------------------
     @property
@@ -112,7 +113,7 @@ class BlockManager:
             old, new = seq.block_table[i], self._take_block()
             seq.block_table[i] = new
             self._release(old)
-            self.pending_copies.append((old, new))
+            self.pending_copies.append((seq.request_id, i, old, new))
         for _ in range(self.num_blocks_needed(seq, num_tokens)):
             seq.block_table.append(self._take_block())
 

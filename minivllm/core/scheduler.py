@@ -88,7 +88,8 @@ class SchedulerOutput:
     # preempted): the model runner forgets their block-table rows.
     released_request_ids: list[str] = field(default_factory=list)
     # Sequences whose block lists lost blocks at the tail since the last step that ran (the slots of guesses
-    # not kept), and how many blocks each kept: the runner rewrites their block-table rows from there.
+    # not kept), or had one replaced (copy-on-write), and how many blocks each kept unchanged: the runner
+    # rewrites their block-table rows from there.
     truncated_block_tables: dict[str, int] = field(default_factory=dict)
     # Copy-on-write: (source, destination) KV blocks to copy before the step's forward.
     block_copies: list[tuple[int, int]] = field(default_factory=list)
@@ -190,9 +191,12 @@ class Scheduler:
                 self.running.append(seq)
                 budget -= self._schedule(out.prefills, seq, n)
         if out:  # an empty step runs nothing: the runner hears of the released sequences with the next one
+            for request_id, i, src, dst in self.blocks.pending_copies:  # a table entry replaced: rewrite from it
+                self._truncated[request_id] = min(self._truncated.get(request_id, i), i)
+                out.block_copies.append((src, dst))
+            self.blocks.pending_copies = []
             out.released_request_ids, self._released = self._released, []
             out.truncated_block_tables, self._truncated = self._truncated, {}
-            out.block_copies, self.blocks.pending_copies = self.blocks.pending_copies, []
         return out
 
     @staticmethod

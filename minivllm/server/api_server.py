@@ -81,17 +81,17 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         except ValueError as e:  # bad messages, over-long prompt, ids outside the vocabulary ...
             raise APIError(str(e)) from None
         if parsed.stream:
-            return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage, parsed.params.logprobs),
+            return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage, parsed.params),
                                      media_type="text/event-stream", background=BackgroundTask(stream.close))
         final = await _unless_disconnected(request, _last(stream))
         stream.close()
         if final is None:  # the client is gone: nobody reads this response
             return Response(status_code=499)
-        answer = final.outputs[0]
-        logprobs = protocol.logprobs_of(chat, answer.logprobs, parsed.params.logprobs)
-        return protocol.response(request_id, served_model_name, chat,
-                                 [protocol.choice(chat, answer.text, answer.finish_reason, False, logprobs=logprobs)],
-                                 False, protocol.usage(len(final.prompt_token_ids), len(answer.token_ids)))
+        choices = [protocol.choice(chat, a.text, a.finish_reason, False, index=a.index,
+                                   logprobs=protocol.logprobs_of(chat, a.logprobs, parsed.params.logprobs))
+                   for a in final.outputs]
+        return protocol.response(request_id, served_model_name, chat, choices, False,
+                                 protocol.usage(len(final.prompt_token_ids), _num_tokens(final)))
 
     async def _last(stream):
         last = None
@@ -101,9 +101,9 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         metrics.on_finished(last)
         return last
 
-    async def _sse(stream, request_id: str, chat: bool, include_usage: bool, top_n: int | None):
-        """Server-sent events: one chunk per engine step with the new text (and the new tokens' logprobs), then
-        usage, then [DONE]."""
+    async def _sse(stream, request_id: str, chat: bool, include_usage: bool, params):
+        """Server-sent events: one chunk per engine step and answer (n > 1: `index` says which) with the new text
+        (and the new tokens' logprobs), then usage, then [DONE]."""
         def event(choices, usage=None):
             body = protocol.response(request_id, served_model_name, chat, choices, True, usage)
             if include_usage and usage is None:
@@ -112,20 +112,24 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
 
         try:
             if chat:  # OpenAI's streams open with the role
-                yield event([protocol.choice(chat, "", None, delta=True, first=True)])
-            sent_text, sent_tokens, text_offset, last = "", 0, 0, None
+                for i in range(params.n):
+                    yield event([protocol.choice(chat, "", None, delta=True, first=True, index=i)])
+            sent, last = [["", 0, 0, False] for _ in range(params.n)], None  # per answer: text, tokens, offset, done
             async for out in stream.merged():  # the steps a slow reader missed come as one event
                 metrics.on_output(out, last)
-                last, answer = out, out.outputs[0]
-                reason = answer.finish_reason if out.finished else None
-                new = answer.logprobs[sent_tokens:] if answer.logprobs is not None else None
-                logprobs = protocol.logprobs_of(chat, new, top_n, text_offset)
-                yield event([protocol.choice(chat, answer.text[len(sent_text):], reason, True, logprobs=logprobs)])
-                sent_text, sent_tokens = answer.text, len(answer.token_ids)
-                text_offset += sum(len(next(iter(d.values())).decoded_token) for d in new or [])
+                last = out
+                for a, (text, tokens, offset, done) in zip(out.outputs, sent):
+                    if done or (len(a.token_ids) == tokens and a.finish_reason is None):
+                        continue  # nothing new for this answer
+                    new = a.logprobs[tokens:] if a.logprobs is not None else None
+                    logprobs = protocol.logprobs_of(chat, new, params.logprobs, offset)
+                    yield event([protocol.choice(chat, a.text[len(text):], a.finish_reason, True, index=a.index,
+                                                 logprobs=logprobs)])
+                    offset += sum(len(next(iter(d.values())).decoded_token) for d in new or [])
+                    sent[a.index] = [a.text, len(a.token_ids), offset, a.finish_reason is not None]
             metrics.on_finished(last)
             if include_usage:
-                yield event([], protocol.usage(len(last.prompt_token_ids), len(last.outputs[0].token_ids)))
+                yield event([], protocol.usage(len(last.prompt_token_ids), _num_tokens(last)))
             yield b"data: [DONE]\n\n"
         except EngineDeadError as e:
             yield _sse_bytes(_engine_stopped(e).body())
@@ -148,6 +152,11 @@ _encode = msgspec.json.Encoder().encode
 
 def _sse_bytes(data) -> bytes:
     return b"data: " + _encode(data) + b"\n\n"
+
+
+def _num_tokens(out) -> int:
+    """The tokens generated for a request: every answer's (n > 1), as OpenAI's usage counts them."""
+    return sum(len(a.token_ids) for a in out.outputs)
 
 
 def _engine_stopped(reason) -> APIError:

@@ -8,10 +8,11 @@ where a number belongs, NaN, 10**30 or a nested list stop here, not as a 500 fro
 
 Requests: `/v1/completions` (a text or token-id prompt) and `/v1/chat/completions` (messages).
 Fields read: model, prompt | messages, max_tokens (chat: also max_completion_tokens), temperature,
-top_p, top_k, seed, stop, n (1 only), stream, stream_options.include_usage, user (ignored),
-presence_penalty, frequency_penalty, logit_bias (token ids as strings, as OpenAI sends them), logprobs (chat:
-a bool, with top_logprobs 0..20; completions: an integer 0..20), and vLLM's ignore_eos, stop_token_ids,
-repetition_penalty, min_p and min_tokens. null means "the default" for every one but model and the prompt.
+top_p, top_k, seed, stop, n (answers sampled in parallel on the prompt's shared blocks; answer i uses
+seed + i), stream, stream_options.include_usage, user (ignored), presence_penalty, frequency_penalty,
+logit_bias (token ids as strings, as OpenAI sends them), logprobs (chat: a bool, with top_logprobs
+0..20; completions: an integer 0..20), and vLLM's ignore_eos, stop_token_ids, repetition_penalty, min_p
+and min_tokens. null means "the default" for every one but model and the prompt.
 Logprobs are vLLM's: from the model's raw logits; each token's text is the token decoded alone.
 Fields that would change the answer but are not implemented (tools, response_format, ...) are
 refused by name, unless their value asks for nothing (null, false, 0, []): a client that asks for
@@ -68,8 +69,6 @@ def parse_request(body, chat: bool) -> ParsedRequest:
         value = body.get(name)
         if value is not None and not any(type(value) is type(h) and value == h for h in harmless):
             raise APIError(f"'{name}' is not supported by this server, got {_show(value)}")
-    if _get(body, "n", int, 1) != 1:
-        raise APIError("'n' must be 1: one choice per request is supported")
     prompt = _chat_messages(body["messages"]) if chat else _completion_prompt(body["prompt"])
     stream = _get(body, "stream", bool, False)
     include_usage = _get(_get(body, "stream_options", dict, {}), "include_usage", bool, False,
@@ -98,6 +97,7 @@ def parse_request(body, chat: bool) -> ParsedRequest:
             min_tokens=_or(body.get("min_tokens"), 0),
             logit_bias=_logit_bias(_get(body, "logit_bias", dict)),
             logprobs=logprobs,
+            n=_or(body.get("n"), 1),
         )
     except ValueError as e:  # its message names the field; the client's own names for max_tokens, logprobs
         message = str(e)
@@ -182,14 +182,14 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict:
 
 
 def choice(chat: bool, text: str, finish_reason: str | None, delta: bool, first: bool = False,
-           logprobs: dict | None = None) -> dict:
-    """One entry of `choices`: a message or a streamed delta (chat), or a text (completions)."""
+           logprobs: dict | None = None, index: int = 0) -> dict:
+    """One entry of `choices` (answer `index` of n): a message or a streamed delta (chat), or a text."""
     if not chat:
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if delta:
         content = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-        return {"index": 0, "delta": content, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+        return {"index": index, "delta": content, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
             "finish_reason": finish_reason}
 
 
