@@ -14,7 +14,7 @@ answer has `--max-tokens` tokens. Three ways:
   holds its own last, partial block.
 What each number is: `peak_blocks`, the most KV blocks in use at once (`get_stats()` after each step);
 `prefill_tokens`, prompt tokens the model computed; `time_s`, wall time of the whole run (median of
-`--repeats`), after a warm-up.
+`--repeats`, the three ways taking turns), after a warm-up.
 """
 from __future__ import annotations
 
@@ -86,13 +86,16 @@ def main(argv=None) -> dict:
     # A prompt per repeat (and one for the warm-up): with the cache on, none is in it before its run.
     prompts = [torch.randint(0, 10_000, (args.prompt_len,), generator=torch.Generator().manual_seed(r)).tolist()
                for r in range(args.repeats + 1)]
+    engines = {name: LLM(args.model, enable_prefix_caching=cache, **common) for name, (cache, _) in ways.items()}
+    results = {name: [] for name in ways}
+    for prompt in [prompts[-1]] + prompts[:-1]:  # the warm-up first; the ways take turns (a shared machine's
+        for name, (_, params) in ways.items():  # load then weighs on each alike)
+            results[name].append(run(engines[name], prompt, params))
     rows, answers = [], {}
-    for name, (cache, params) in ways.items():
-        llm = LLM(args.model, enable_prefix_caching=cache, **common)
-        run(llm, prompts[-1], params)  # warm-up
-        results = [run(llm, prompt, params) for prompt in prompts[:-1]]
-        answers[name] = [r.pop("answers") for r in results]
-        rows.append({"way": name, **results[0], "time_s": median([r["time_s"] for r in results])})
+    for name, (_, params) in ways.items():
+        timed = results[name][1:]
+        answers[name] = [r.pop("answers") for r in timed]
+        rows.append({"way": name, **timed[0], "time_s": median([r["time_s"] for r in timed])})
     assert answers["n"] == answers["separate"] == answers["separate+cache"], "answer i must equal seed i alone"
     result = {"hardware": hardware_name(device), "model": args.model, "dtype": dtype, "device": device,
               "n": args.n, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
