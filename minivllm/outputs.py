@@ -5,11 +5,21 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class Logprob:
+    """One token's log-probability at one position (vLLM's Logprob)."""
+    logprob: float
+    rank: int | None = None            # 1 = the most likely token there
+    decoded_token: str | None = None   # the token alone, decoded (None without a tokenizer)
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str                  # the answer so far ("" when the model has no tokenizer)
     token_ids: list[int]
     finish_reason: str | None  # "length" | "stop" | "abort" | None while running
+    # SamplingParams.logprobs set: one dict per token of token_ids, token id -> Logprob (the chosen one first)
+    logprobs: list[dict[int, Logprob]] | None = None
 
 
 @dataclass
@@ -27,3 +37,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics = field(default=None)
+    # SamplingParams.prompt_logprobs set: one per prompt token, None for the first (nothing comes before it)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -17,6 +17,8 @@ from .structured_outputs_params import StructuredOutputsParams
 
 INT32_MAX = 2**31 - 1                      # bound of the counts (top_k, max_tokens): ample
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1   # what msgpack's int64 and torch's manual_seed both take
+MAX_N = 256                                # answers per request: a bound, the engine's max_num_seqs is the real one
+MAX_LOGPROBS = 20                          # vLLM's default max_logprobs: the most top tokens a request may ask
 
 
 @dataclass
@@ -37,6 +39,14 @@ class SamplingParams:
     min_tokens: int = 0               # no end of sequence (EOS, stop_token_ids) before this many tokens
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     structured_outputs: StructuredOutputsParams | None = None  # a schema, regex, choice or grammar to follow
+    # Logprobs (vLLM's meaning): None = off; N = each sampled token's logprob and rank plus the N most likely
+    # tokens' (0..MAX_LOGPROBS). From the raw model logits, before any processing, temperature or top-k/top-p
+    # (vLLM's default logprobs_mode, "raw_logprobs"). prompt_logprobs: the same for every prompt position.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    # Parallel sampling: n answers to one prompt, prefilled once, its KV blocks shared (copied on write).
+    # Answer i draws with seed + i (a seed given): each equals the one that seed gives alone.
+    n: int = 1
 
     def __post_init__(self):
         # Values arrive from JSON bodies and CLI flags too: a wrong one gets a clear message here,
@@ -83,6 +93,10 @@ class SamplingParams:
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, "
                              f"got {_show(self.structured_outputs)}")
+        _check_int("n", self.n, 1, MAX_N)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)
 
     @property
     def processes_logits(self) -> bool:

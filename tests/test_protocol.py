@@ -87,13 +87,13 @@ BAD = [  # (field, value): refused on both endpoints, with the field's name in t
     ("stop_token_ids", 5), ("stop_token_ids", [True]), ("stop_token_ids", [-1]), ("stop_token_ids", [1.0]),
     ("stop_token_ids", [[1]]), ("stop_token_ids", [10**30]), ("stop_token_ids", "1"), ("stop_token_ids", {}),
     ("ignore_eos", 1), ("ignore_eos", "true"), ("ignore_eos", [True]),
-    ("n", 2), ("n", 0), ("n", True), ("n", 1.0), ("n", "1"), ("n", 10**30),
+    ("n", 0), ("n", -1), ("n", True), ("n", 1.0), ("n", "1"), ("n", 10**30),
     ("stream", 1), ("stream", "true"), ("stream", [True]), ("stream", {}),
     ("stream_options", True), ("stream_options", []), ("stream_options", "x"),
     ("user", 5), ("user", ["u"]), ("user", {}),
     ("presence_penalty", 2.5), ("presence_penalty", "0"), ("presence_penalty", False), ("presence_penalty", math.nan),
     ("frequency_penalty", -3), ("frequency_penalty", [0]), ("frequency_penalty", 10**30),
-    ("logprobs", True), ("logprobs", 1), ("logprobs", 0),
+    ("logprobs", "1"), ("logprobs", [1]), ("logprobs", 1.5), ("logprobs", {}),
     ("logit_bias", []), ("logit_bias", {"a": 1}), ("logit_bias", {"-1": 1}), ("logit_bias", {"1": 1000}),
     ("logit_bias", {"1": "x"}), ("logit_bias", {"1": math.nan}), ("logit_bias", {"9" * 40: 1}),
     ("repetition_penalty", 0), ("repetition_penalty", -1), ("repetition_penalty", "1"),
@@ -120,6 +120,26 @@ def test_a_bad_field_is_a_400_naming_it(chat, field, value):
 def test_include_usage_must_be_a_bool():
     message = refused({**COMPLETION, "stream": True, "stream_options": {"include_usage": 1}}, False)
     assert "include_usage" in message
+
+
+def test_n_reaches_the_sampling_params():
+    for chat in (False, True):
+        assert parse_request({**base(chat), "n": 4}, chat).params.n == 4
+
+
+def test_logprobs_fields():
+    assert parse_request({**CHAT, "logprobs": True}, True).params.logprobs == 0
+    assert parse_request({**CHAT, "logprobs": True, "top_logprobs": 5}, True).params.logprobs == 5
+    assert parse_request({**CHAT, "logprobs": False, "top_logprobs": 0}, True).params.logprobs is None
+    assert parse_request({**COMPLETION, "logprobs": 3}, False).params.logprobs == 3
+    assert parse_request({**COMPLETION, "logprobs": 0}, False).params.logprobs == 0
+    for value in (21, -1, True):  # out of range (vLLM's max_logprobs is 20), or a bool where a count belongs
+        assert "logprobs" in refused({**COMPLETION, "logprobs": value}, False)
+    for value in (21, -1, True, 1.0, "2"):
+        assert "top_logprobs" in refused({**CHAT, "logprobs": True, "top_logprobs": value}, True)
+    for value in (1, 0, "true"):
+        assert "logprobs" in refused({**CHAT, "logprobs": value}, True)
+    assert "requires 'logprobs'" in refused({**CHAT, "top_logprobs": 2}, True)
 
 
 @pytest.mark.parametrize("field, value", [

@@ -65,7 +65,7 @@ class FakeExecutor:
 
     def sample(self, tokens, out, draft_probs=None, grammar_bitmask=None):
         self.last_sampled_rows = {seq.request_id: i for i, seq in enumerate(out.sampled_seqs)}
-        return SimpleNamespace(tolist=lambda: tokens)
+        return SimpleNamespace(tolist=lambda: tokens, logprobs=lambda: None)
 
 
 def fake_engine(scheduler: Scheduler, async_scheduling: bool, window=None) -> LLMEngine:

@@ -15,6 +15,8 @@ the stop string, which is not part of the text, as in OpenAI's API.
 """
 from __future__ import annotations
 
+import copy
+
 # Enough context for a tokenizer to decide spaces and merges at the join (vLLM uses 5 too).
 INITIAL_CONTEXT_TOKENS = 5
 
@@ -30,6 +32,12 @@ class IncrementalDetokenizer:
         self.stop = stop or []
         self.num_added = 0  # tokens added so far (the answer's, not the prompt's)
         self._longest_stop = max((len(s) for s in self.stop), default=0)
+
+    def clone(self) -> IncrementalDetokenizer:
+        """A copy that grows on its own (the answers of a request with n > 1, forked after the prompt)."""
+        other = copy.copy(self)
+        other.ids = list(self.ids)
+        return other
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -43,6 +43,14 @@ was not verified is never named for the prefix cache. No guesses past a request'
 need a preemption: the decode then goes without them. With `spec_adaptive`, a sequence reserves one
 guess more than it has recently been keeping (`Sequence.recent_accepted`).
 
+Parallel sampling (`SamplingParams.n` > 1): the request is one sequence (answer 0) while its prompt is
+prefilled; when the prompt's last chunk is scheduled, n - 1 more sequences are forked from it (`fork`),
+sharing its KV blocks, and the step samples n tokens from the last position's logits (`forks`). From then
+on each answer is a sequence of its own: a block it writes while others hold it is copied first (the
+block manager's copy-on-write, the copies listed in `block_copies`), a preempted answer recomputes alone
+(prompt + its tokens, the prompt's blocks maybe from the prefix cache). A request joins only if its n
+answers fit in `max_num_seqs`.
+
 With `continuous=False` this is static batching: nobody joins until the whole batch is done.
 The batch is whoever fits the step's token budget and the KV pool when it starts, so a static
 batch of N prompts needs `max_num_batched_tokens` >= their total length (the benchmark sets it).
@@ -66,6 +74,10 @@ class ScheduledSequence:
     # A verify entry (a decode with room for guesses) and its guesses, set by the proposer after `schedule`.
     verify: bool = False
     draft_token_ids: list[int] = field(default_factory=list)
+    # Prompt positions computed this step whose next token is a prompt token, for prompt_logprobs (if asked).
+    prompt_logprob_span: range = range(0)
+    # n > 1: the answers forked at this step (the prompt's last chunk); they sample from its last row too.
+    forks: list[Sequence] = field(default_factory=list)
 
 
 @dataclass
@@ -77,8 +89,11 @@ class SchedulerOutput:
     # preempted): the model runner forgets their block-table rows.
     released_request_ids: list[str] = field(default_factory=list)
     # Sequences whose block lists lost blocks at the tail since the last step that ran (the slots of guesses
-    # not kept), and how many blocks each kept: the runner rewrites their block-table rows from there.
+    # not kept), or had one replaced (copy-on-write), and how many blocks each kept unchanged: the runner
+    # rewrites their block-table rows from there.
     truncated_block_tables: dict[str, int] = field(default_factory=dict)
+    # Copy-on-write: (source, destination) KV blocks to copy before the step's forward.
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def entries(self) -> list[ScheduledSequence]:
@@ -86,7 +101,7 @@ class SchedulerOutput:
 
     @property
     def seqs(self) -> list[Sequence]:
-        return [e.seq for e in self.entries]
+        return [s for e in self.entries for s in (e.seq, *e.forks)]
 
     @property
     def num_new_tokens(self) -> list[int]:
@@ -95,7 +110,12 @@ class SchedulerOutput:
     @property
     def sampled_seqs(self) -> list[Sequence]:
         """The sequences this step samples a token for, in batch order: the rows of its output."""
-        return [e.seq for e in self.entries if e.samples]
+        return [s for e in self.entries if e.samples for s in (e.seq, *e.forks)]
+
+    @property
+    def sampled_drafts(self) -> list[list[int]]:
+        """The guesses of each sampled sequence (forks have none)."""
+        return [e.draft_token_ids for e in self.entries if e.samples for _ in range(1 + len(e.forks))]
 
     @property
     def num_decodes(self) -> int:
@@ -162,6 +182,8 @@ class Scheduler:
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 if self.waiting[0].num_output_placeholders:
                     break  # preempted while its last token was in flight: that id must reach the host first
+                if self._num_seqs_after_forks() + self._seqs_to_fork(self.waiting[0]) >= self.max_num_seqs:
+                    break  # its answers would not all fit
                 n = self._admit(self.waiting[0], budget)
                 if n == 0:
                     break  # first come, first served: nobody overtakes the head of the queue
@@ -170,9 +192,34 @@ class Scheduler:
                 self.running.append(seq)
                 budget -= self._schedule(out.prefills, seq, n)
         if out:  # an empty step runs nothing: the runner hears of the released sequences with the next one
+            for request_id, i, src, dst in self.blocks.pending_copies:  # a table entry replaced: rewrite from it
+                self._truncated[request_id] = min(self._truncated.get(request_id, i), i)
+                out.block_copies.append((src, dst))
+            self.blocks.pending_copies = []
             out.released_request_ids, self._released = self._released, []
             out.truncated_block_tables, self._truncated = self._truncated, {}
         return out
+
+    @staticmethod
+    def _seqs_to_fork(seq: Sequence) -> int:
+        """Answers still to be forked from `seq` (n > 1, before the end of its prompt)."""
+        return seq.params.n - 1 if seq.parent is None and not seq.children and not seq.num_output_tokens else 0
+
+    def _num_seqs_after_forks(self) -> int:
+        n = len(self.running)
+        for seq in self.running:
+            if seq.params.n > 1:
+                n += self._seqs_to_fork(seq)
+        return n
+
+    def _fork(self, seq: Sequence) -> list[Sequence]:
+        """The other n - 1 answers of `seq`'s request, sharing its blocks, running from this step on."""
+        children = [seq.fork(i) for i in range(1, seq.params.n)]
+        for child in children:
+            self.blocks.fork(seq, child)
+            self.running.append(child)
+            self.requests[child.request_id] = child
+        return children
 
     def _schedule(self, entries: list[ScheduledSequence], seq: Sequence, n: int) -> int:
         """Put n tokens of `seq` in the step, with their KV slots; they count as computed from now on."""
@@ -187,7 +234,11 @@ class Scheduler:
             samples = seq.num_computed_tokens == seq.num_tokens
             if samples:
                 seq.num_output_placeholders += 1
-            entries.append(ScheduledSequence(seq, start, n, samples))
+            span = range(0)
+            if seq.params.prompt_logprobs is not None:  # position p gives the logprobs of prompt token p + 1
+                span = range(start, max(start, min(start + n, seq.num_prompt_tokens - 1)))
+            forks = self._fork(seq) if samples and seq.params.n > 1 and self._seqs_to_fork(seq) else []
+            entries.append(ScheduledSequence(seq, start, n, samples, prompt_logprob_span=span, forks=forks))
         return n
 
     def _lookahead(self, seq: Sequence, budget: int) -> int:
@@ -197,6 +248,8 @@ class Scheduler:
             return 0
         if seq.params.processes_logits or seq.grammar is not None:
             return 0  # penalties and grammars change with every token kept: no guesses to verify at once
+        if seq.params.logprobs is not None:  # logprobs are computed for one sampled row per sequence: none
+            return 0
         k = self.num_lookahead_tokens
         if self.spec_adaptive and seq.recent_accepted is not None:  # one more than it has been keeping
             k = min(k, 1 + int(seq.recent_accepted + 0.5))
@@ -231,7 +284,8 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, budget: int) -> int:
         """Tokens the head of the queue computes if it joins now (0 = it can't join yet)."""
-        hit = self.blocks.match_prefix(seq)
+        # prompt_logprobs need the logits of every prompt position: no prefix-cache hit (as vLLM)
+        hit = self.blocks.match_prefix(seq) if seq.params.prompt_logprobs is None else 0
         seq.num_computed_tokens = hit
         n = self._chunk(seq, budget)
         if n == 0:
@@ -272,50 +326,58 @@ class Scheduler:
         self._released.append(seq.request_id)
 
     # ---- after the step ----------------------------------------------------------------
-    def update_from_output(self, scheduler_output: SchedulerOutput, sampled_token_ids: list) -> list[Sequence]:
+    def update_from_output(self, scheduler_output: SchedulerOutput, sampled_token_ids: list,
+                           sampled_logprobs: list | None = None) -> list[Sequence]:
         """The step's sampled tokens into the books: one per `scheduler_output.sampled_seqs`, in order (a list
-        of tokens for a verify entry: the guesses kept, then one more). Returns the sequences that got
-        tokens (finished ones included, `is_finished` set)."""
+        of tokens for a verify entry: the guesses kept, then one more), and each one's logprobs (a dict, or None
+        where not asked; requests that ask get no guesses). Returns the sequences that got tokens (finished
+        ones included, `is_finished` set)."""
         sampled, advanced, now = iter(sampled_token_ids), [], time.perf_counter()
+        logprobs = iter(sampled_logprobs or [])
         for entry in scheduler_output.entries:
-            seq = entry.seq
-            if entry.samples:
-                new_tokens = next(sampled)
+            if not entry.samples:
+                continue  # a prefill chunk before the prompt's end: nothing to sample yet
+            for seq in (entry.seq, *entry.forks):
+                new_tokens, new_logprobs = next(sampled), next(logprobs, None)
                 seq.num_output_placeholders -= 1
-            if seq.is_finished or not entry.samples:
-                continue  # finished (stop, abort) while this step was in flight: its token is dropped;
-                # or a prefill chunk before the prompt's end: nothing to sample yet
-            if isinstance(new_tokens, int):
-                new_tokens = [new_tokens]
-            if entry.draft_token_ids:
-                kept = len(new_tokens) - 1
-                self.num_drafts += 1
-                self.num_draft_tokens += len(entry.draft_token_ids)
-                self.num_accepted_tokens += kept
-                # For adaptive guessing: an average over the last few steps (half the weight on this one).
-                seq.recent_accepted = kept if seq.recent_accepted is None else (seq.recent_accepted + kept) / 2
-                # The kept guesses were computed from the right tokens: their keys and values stay.
-                seq.num_computed_tokens += kept
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = now
-            for token in new_tokens:
-                seq.token_ids.append(token)
-                if seq.grammar is not None and not seq.grammar.accept_token(token):
-                    # The mask lets only what the grammar accepts through, unless it allowed no token at all (a
-                    # vocabulary that cannot spell the grammar): the answer cannot go on.
-                    self.finish(seq, "stop")
-                    break
-                reason = self._stop_reason(seq, token)
-                if reason is not None:  # tokens after a stop are not part of the answer
-                    self.finish(seq, reason)
-                    break
-            if not seq.is_finished:
-                self.blocks.cache_full_blocks(seq)  # a block the new tokens complete
-                if entry.verify and self.blocks.free_tail(seq, len(seq)):  # the slots of guesses not kept
-                    left = len(seq.block_table)
-                    self._truncated[seq.request_id] = min(self._truncated.get(seq.request_id, left), left)
-            advanced.append(seq)
+                if not seq.is_finished:  # (finished (stop, abort) while this step was in flight: token dropped)
+                    self._append(seq, entry, new_tokens, new_logprobs, now)
+                    advanced.append(seq)
         return advanced
+
+    def _append(self, seq: Sequence, entry: ScheduledSequence, new_tokens, new_logprobs, now: float) -> None:
+        """One sequence's tokens from the step (a list for a verify entry), its stop conditions applied."""
+        if isinstance(new_tokens, int):
+            new_tokens = [new_tokens]
+        if entry.draft_token_ids:
+            kept = len(new_tokens) - 1
+            self.num_drafts += 1
+            self.num_draft_tokens += len(entry.draft_token_ids)
+            self.num_accepted_tokens += kept
+            # For adaptive guessing: an average over the last few steps (half the weight on this one).
+            seq.recent_accepted = kept if seq.recent_accepted is None else (seq.recent_accepted + kept) / 2
+            # The kept guesses were computed from the right tokens: their keys and values stay.
+            seq.num_computed_tokens += kept
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = now
+        for token in new_tokens:
+            seq.token_ids.append(token)
+            if new_logprobs is not None:
+                seq.logprobs.append(new_logprobs)
+            if seq.grammar is not None and not seq.grammar.accept_token(token):
+                # The mask lets only what the grammar accepts through, unless it allowed no token at all (a
+                # vocabulary that cannot spell the grammar): the answer cannot go on.
+                self.finish(seq, "stop")
+                break
+            reason = self._stop_reason(seq, token)
+            if reason is not None:  # tokens after a stop are not part of the answer
+                self.finish(seq, reason)
+                break
+        if not seq.is_finished:
+            self.blocks.cache_full_blocks(seq)  # a block the new tokens complete
+            if entry.verify and self.blocks.free_tail(seq, len(seq)):  # the slots of guesses not kept
+                left = len(seq.block_table)
+                self._truncated[seq.request_id] = min(self._truncated.get(seq.request_id, left), left)
 
     def discard_output(self, scheduler_output: SchedulerOutput) -> None:
         """A step whose requests all ended while it was in flight: its tokens would all be dropped, so
@@ -341,5 +403,7 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self._free(seq)
-        if self.requests.get(seq.request_id) is seq:  # the id may already name a newer request
-            del self.requests[seq.request_id]
+        request = seq.parent or seq  # n > 1: the request's id stays live until all its answers are done
+        for done in {seq, request} if all(s.is_finished for s in request.group) else {seq} - {request}:
+            if self.requests.get(done.request_id) is done:  # the id may already name a newer request
+                del self.requests[done.request_id]

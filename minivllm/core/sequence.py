@@ -49,9 +49,40 @@ class Sequence:
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
         self.detokenizer = None  # set by the engine when the model has a tokenizer: text grows per token
         self.grammar = None      # structured outputs: its RequestGrammar (set by the engine), advanced per token
+        # Logprobs, if asked (SamplingParams.logprobs / prompt_logprobs): one dict per output token, and one per
+        # prompt token (None for the first, which nothing predicts).
+        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None
+        # Parallel sampling (params.n > 1): this sequence is answer 0 and prefills the prompt; the others are
+        # forked from it once the prompt's last chunk is scheduled (`fork`), answer i with its `index`.
+        self.index = 0
+        self.parent: Sequence | None = None
+        self.children: list[Sequence] = []
+        self.device = device
         self.generator = None
         if params.seed is not None:  # its own random stream: the batch it lands in changes nothing
             self.generator = torch.Generator(device=device).manual_seed(params.seed)
+
+    def fork(self, index: int) -> Sequence:
+        """Answer `index` of this request: the prompt's state as it is now (tokens, computed tokens, the
+        placeholder of the token this step samples; the block table is shared by the caller), its own text,
+        logprobs and random stream (seed + index)."""
+        child = Sequence(f"{self.request_id}/{index}", self.prompt_token_ids, self.params, self.prompt, self.device)
+        child.index, child.parent, child.metrics = index, self, self.metrics
+        child.status, child.num_computed_tokens = self.status, self.num_computed_tokens
+        child.num_output_placeholders = self.num_output_placeholders
+        child.block_hashes, child.num_cached_blocks = list(self.block_hashes), self.num_cached_blocks
+        child.detokenizer = self.detokenizer.clone() if self.detokenizer is not None else None
+        child.grammar = self.grammar.fork() if self.grammar is not None else None  # its own place in the grammar
+        if self.params.seed is not None:
+            child.generator = torch.Generator(device=self.device).manual_seed(self.params.seed + index)
+        self.children.append(child)
+        return child
+
+    @property
+    def group(self) -> list[Sequence]:
+        """The request's answers in order of index: this sequence (answer 0) and its forks."""
+        return [self, *self.children]
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -55,7 +55,7 @@ class AsyncLLM:
         self.engine_core = client(config, self._on_core_outputs, self._on_core_dead)
         ready = self.engine_core.ready
         self._stats = dict(ready.stats)
-        self.max_model_len = ready.max_model_len
+        self.max_model_len, self.max_num_seqs = ready.max_model_len, ready.max_num_seqs
         self.input_processor = InputProcessor(self.tokenizer, ready.vocab_size, ready.max_model_len, ready.block_size,
                                               ready.num_total_blocks, ready.max_num_batched_tokens,
                                               ready.sliding_window)
@@ -85,6 +85,10 @@ class AsyncLLM:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids, params = self.input_processor.process(prompt, sampling_params)
+        if params.prompt_logprobs is not None:  # not carried between the core and the frontend
+            raise ValueError("prompt_logprobs is supported offline only (LLM, LLMEngine), not by AsyncLLM")
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"n={params.n} answers do not fit in max_num_seqs={self.max_num_seqs}")
         loop = asyncio.get_running_loop()
         self._loops.add(loop)
         # The core sees a unique id: a client may reuse its id once a request has finished here,
@@ -146,9 +150,9 @@ class AsyncLLM:
             self._on_loop(loop, self._process_outputs, messages, loop)
 
     def _process_outputs(self, messages: list[EngineCoreOutputs], loop) -> None:
-        to_abort = [request_id for m in messages for request_id in self.output_processor.process(m, loop)]
-        if to_abort:  # stop strings: the core stops generating what nobody will read
-            self.engine_core.abort_requests(to_abort)
+        to_abort = [answer for m in messages for answer in self.output_processor.process(m, loop)]
+        if to_abort:  # stop strings: the core stops generating what nobody will read (that answer only)
+            self.engine_core.abort_requests([], to_abort)
 
     def _on_core_dead(self, reason: str) -> None:
         self.error = EngineDeadError(reason)

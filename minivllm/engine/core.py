@@ -83,14 +83,14 @@ class EngineCore:
 
     def __init__(self, engine: LLMEngine, inputs: queue.SimpleQueue, send: Callable[[object], None]):
         self.engine, self.inputs, self.send = engine, inputs, send
-        self._num_sent: dict[str, int] = {}   # output tokens already reported, per live request
+        self._num_sent: dict[tuple[str, int], tuple[int, bool]] = {}  # per live answer: tokens reported, done
         self._last_sent = time.monotonic()
 
     def ready_message(self) -> EngineCoreReady:
         e = self.engine
         return EngineCoreReady(e.model_config.vocab_size, e.max_model_len, e.block_size,
                                e.block_manager.num_total_blocks, e.max_num_batched_tokens,
-                               e.model_config.sliding_window, e.get_stats())
+                               e.model_config.sliding_window, e.get_stats(), e.scheduler.max_num_seqs)
 
     def run_busy_loop(self) -> None:
         """Until a Shutdown message: take the messages that arrived, step if there is work, report."""
@@ -127,13 +127,14 @@ class EngineCore:
             while message is not None:
                 if isinstance(message, Shutdown):
                     for request_id in list(engine.requests):
-                        outputs.append(self._news(engine.abort_request(request_id)))
+                        if (out := engine.abort_request(request_id)) is not None:  # (n > 1: answers' ids too)
+                            outputs.extend(self._news(out))
                     self._report(outputs, rejected)
                     return
                 self._handle(message, outputs, rejected)
                 message = self._next_message()
             if engine.has_unfinished_requests():
-                outputs.extend(self._news(out) for out in engine.step())
+                outputs.extend(news for out in engine.step() for news in self._news(out))
             self._report(outputs, rejected)
 
     def _next_message(self) -> CoreInput | None:
@@ -149,19 +150,31 @@ class EngineCore:
             except ValueError as e:
                 rejected.append(RejectedRequest(message.request_id, str(e)))
         elif isinstance(message, AbortRequests):
-            for request_id in message.request_ids:
-                out = self.engine.abort_request(request_id)
+            for request_id, index in [(r, None) for r in message.request_ids] + message.answers:
+                out = self.engine.abort_request(request_id, index)
                 if out is not None:
-                    outputs.append(self._news(out))
+                    outputs.extend(self._news(out))
 
-    def _news(self, out: RequestOutput) -> EngineCoreOutput:
-        """The tokens of `out` not reported yet (with the overlap, an output may carry none)."""
-        token_ids = out.outputs[0].token_ids
-        sent = self._num_sent.pop(out.request_id, 0)
-        if not out.finished:
-            self._num_sent[out.request_id] = len(token_ids)
-        reason = out.outputs[0].finish_reason if out.finished else None
-        return EngineCoreOutput(out.request_id, token_ids[sent:], reason)
+    def _news(self, out: RequestOutput) -> list[EngineCoreOutput]:
+        """Per answer of `out`, the tokens not reported yet (with the overlap, an output may carry none); an
+        answer already reported finished is not reported again."""
+        news = []
+        for answer in out.outputs:
+            key = (out.request_id, answer.index)
+            sent, reported_done = self._num_sent.get(key, (0, False))
+            if reported_done:
+                continue
+            self._num_sent[key] = (len(answer.token_ids), answer.finish_reason is not None)
+            logprobs = answer.logprobs
+            if logprobs is not None:  # arrays on the wire, not dicts of objects
+                logprobs = [(list(d), [lp.logprob for lp in d.values()], [lp.rank for lp in d.values()])
+                            for d in logprobs[sent:]]
+            news.append(EngineCoreOutput(out.request_id, answer.token_ids[sent:], answer.finish_reason, logprobs,
+                                         answer.index))
+        if out.finished:
+            for answer in out.outputs:
+                del self._num_sent[(out.request_id, answer.index)]
+        return news
 
 
 # ---- the core's process ----------------------------------------------------------------

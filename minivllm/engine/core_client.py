@@ -76,8 +76,8 @@ class InprocClient:
     def add_request(self, request: EngineCoreRequest) -> None:
         self._inputs.put(request)
 
-    def abort_requests(self, request_ids: list[str]) -> None:
-        self._inputs.put(AbortRequests(request_ids))
+    def abort_requests(self, request_ids: list[str], answers: list[tuple[str, int]] = ()) -> None:
+        self._inputs.put(AbortRequests(request_ids, list(answers)))
 
     def shutdown(self) -> None:
         if self._thread.is_alive():
@@ -167,8 +167,8 @@ class MPClient:
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send(request)
 
-    def abort_requests(self, request_ids: list[str]) -> None:
-        self._send(AbortRequests(request_ids))
+    def abort_requests(self, request_ids: list[str], answers: list[tuple[str, int]] = ()) -> None:
+        self._send(AbortRequests(request_ids, list(answers)))
 
     def shutdown(self) -> None:
         """Ask the core to stop (it aborts what is left and stops its workers); kill it if it does not."""

@@ -39,6 +39,8 @@ class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
     # Structured outputs as (kind, text): "json" and a schema's JSON text, "regex", "choice" and a JSON list, ...
     # The core compiles the grammar (it holds the matchers); the frontend checked the spec already.
     structured_outputs: tuple[str, str] | None = None
+    logprobs: int | None = None
+    n: int = 1
 
     @classmethod
     def of(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> EngineCoreRequest:
@@ -46,7 +48,8 @@ class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
                    params.max_tokens, params.ignore_eos, params.stop_token_ids, params.seed,
                    float(params.presence_penalty), float(params.frequency_penalty), float(params.repetition_penalty),
                    float(params.min_p), params.min_tokens, params.logit_bias,
-                   params.structured_outputs.key if params.structured_outputs is not None else None)
+                   params.structured_outputs.key if params.structured_outputs is not None else None,
+                   params.logprobs, params.n)
 
     def sampling_params(self) -> SamplingParams:
         """Checked again (SamplingParams raises ValueError): what arrives on a socket is not trusted."""
@@ -57,11 +60,12 @@ class EngineCoreRequest(msgspec.Struct, tag="add", frozen=True):
                               repetition_penalty=self.repetition_penalty, min_p=self.min_p,
                               min_tokens=self.min_tokens, logit_bias=self.logit_bias,
                               structured_outputs=StructuredOutputsParams.from_key(*self.structured_outputs)
-                              if self.structured_outputs is not None else None)
+                              if self.structured_outputs is not None else None, logprobs=self.logprobs, n=self.n)
 
 
 class AbortRequests(msgspec.Struct, tag="abort", frozen=True):
     request_ids: list[str]
+    answers: list[tuple[str, int]] = []   # (request id, index): one answer of an n > 1 request (a stop string)
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
@@ -69,10 +73,13 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, frozen=True):
-    """One request's news from one step. array_like: sent as a list, without field names."""
+    """One answer's news from one step (n > 1: one per answer). array_like: sent as a list, without names."""
     request_id: str
     new_token_ids: list[int]
     finish_reason: str | None = None   # set on the request's last output
+    # With SamplingParams.logprobs: per new token, arrays (token ids, logprobs, ranks), the chosen token first
+    new_logprobs: list[tuple[list[int], list[float], list[int]]] | None = None
+    index: int = 0                     # which answer (SamplingParams.n > 1)
 
 
 class RejectedRequest(msgspec.Struct, array_like=True, frozen=True):
@@ -95,6 +102,7 @@ class EngineCoreReady(msgspec.Struct, tag="ready", frozen=True):
     max_num_batched_tokens: int
     sliding_window: int | None
     stats: dict[str, int]
+    max_num_seqs: int = 1 << 30   # the most answers (SamplingParams.n) a request may ask
 
 
 class EngineCoreFailed(msgspec.Struct, tag="failed", frozen=True):

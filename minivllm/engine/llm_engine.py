@@ -208,6 +208,8 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids, params = self.input_processor.process(prompt, sampling_params)
+        if params.n > self.scheduler.max_num_seqs:
+            raise ValueError(f"n={params.n} answers do not fit in max_num_seqs={self.scheduler.max_num_seqs}")
         seq = Sequence(request_id, token_ids, params, text, self.device)
         if params.structured_outputs is not None:  # compiled now (or found in the cache): never mid-step
             if self.structured_output is None:
@@ -217,14 +219,16 @@ class LLMEngine:
             seq.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.stop)
         self.scheduler.add(seq)
 
-    def abort_request(self, request_id: str) -> RequestOutput | None:
+    def abort_request(self, request_id: str, index: int | None = None) -> RequestOutput | None:
         """End a request wherever it is (waiting, prefilling, decoding, in a step in flight); its
         blocks come back. Returns its last output (finish_reason "abort"), or None for an unknown
-        or finished id."""
+        or finished id. n > 1: every answer, or only answer `index` (a stop string ended it)."""
         seq = self.requests.get(request_id)
-        if seq is None:
+        if seq is None or seq.parent is not None:  # (an answer's own id is the engine's, not a request's)
             return None
-        self.scheduler.finish(seq, "abort")
+        for answer in seq.group:  # (those already finished stay as they are)
+            if not answer.is_finished and index in (None, answer.index):
+                self.scheduler.finish(answer, "abort")
         return self._output(seq)
 
     def has_unfinished_requests(self) -> bool:
@@ -284,19 +288,38 @@ class LLMEngine:
     def _process(self, launched: tuple[SchedulerOutput, SampledTokens]) -> list[RequestOutput]:
         """Update -> outputs: wait for the step's tokens, put them in the books, grow the text."""
         scheduler_output, sampled = launched
-        seqs = self.scheduler.update_from_output(scheduler_output, sampled.tolist())
+        tokens = sampled.tolist()
+        per_row, prompt = sampled.logprobs() or (None, [])
+        for seq, first, dicts in prompt:  # position p: prompt token p + 1 (a recomputed chunk adds nothing)
+            have = len(seq.prompt_logprobs) - first - 1
+            if have >= 0:
+                seq.prompt_logprobs.extend(self._decoded(d) for d in dicts[have:])
+        seqs = self.scheduler.update_from_output(scheduler_output, tokens, per_row)
         for seq in seqs:  # a stop string ends the request (the text stops before it)
             if seq.detokenizer is not None:
                 self._detokenize(seq)
-        return [self._output(seq) for seq in seqs]
+        requests = {id(r): r for r in (seq.parent or seq for seq in seqs)}  # n > 1: one output per request
+        return [self._output(r) for r in requests.values()]
+
+    def _decoded(self, logprobs: dict) -> dict:
+        """Each token of one position's logprobs decoded alone (vLLM's decoded_token), with a tokenizer."""
+        if self.tokenizer is not None:
+            for token_id, logprob in logprobs.items():
+                logprob.decoded_token = self.tokenizer.decode([token_id])
+        return logprobs
 
     def _detokenize(self, seq: Sequence) -> None:
         """The text grows by the step's new tokens (several with speculation); a stop string ends it."""
         detokenizer = seq.detokenizer
         new_tokens = seq.token_ids[seq.num_prompt_tokens + detokenizer.num_added:]
+        if seq.logprobs is not None:  # the new tokens' logprobs, decoded once
+            for logprobs in seq.logprobs[len(seq.logprobs) - len(new_tokens):]:
+                self._decoded(logprobs)
         for i, token in enumerate(new_tokens):
             if detokenizer.add(token):
                 del seq.token_ids[len(seq.token_ids) - len(new_tokens) + i + 1:]  # tokens after it: not the answer
+                if seq.logprobs is not None:
+                    del seq.logprobs[seq.num_output_tokens:]
                 if seq.is_finished:  # the same token also reached a length limit
                     seq.finish_reason = "stop"
                 else:
@@ -304,11 +327,19 @@ class LLMEngine:
                 return
 
     def _output(self, seq: Sequence) -> RequestOutput:
+        """The request's output: one CompletionOutput per answer (n; those not forked yet are empty)."""
+        answers = [self._completion(s) for s in seq.group]
+        answers += [CompletionOutput(i, "", [], seq.finish_reason, None if seq.logprobs is None else [])
+                    for i in range(len(answers), seq.params.n)]
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, answers,
+                             all(a.finish_reason is not None for a in answers), seq.metrics, seq.prompt_logprobs)
+
+    @staticmethod
+    def _completion(seq: Sequence) -> CompletionOutput:
         # The text grows with every token (incremental detokenization), so a stream can show it.
         text = seq.detokenizer.text if seq.detokenizer is not None else ""
-        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids,
-                             [CompletionOutput(0, text, seq.output_token_ids, seq.finish_reason)],
-                             seq.is_finished, seq.metrics)
+        logprobs = None if seq.logprobs is None else list(seq.logprobs)  # a snapshot, as token_ids is
+        return CompletionOutput(seq.index, text, seq.output_token_ids, seq.finish_reason, logprobs)
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers (nothing to do with one rank). The engine is unusable after."""

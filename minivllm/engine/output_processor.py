@@ -18,51 +18,88 @@ import collections
 import time
 
 from ..core.detokenizer import IncrementalDetokenizer
-from ..outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
 from .core_messages import EngineCoreOutputs
 
 
-class RequestState:
-    """One live request as the frontend knows it."""
+class AnswerState:
+    """One answer of a request (n > 1: one of n) as the frontend builds it: ids, text, logprobs."""
 
-    def __init__(self, request_id: str, core_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: SamplingParams, tokenizer, loop: asyncio.AbstractEventLoop):
-        self.request_id, self.core_id = request_id, core_id   # the client's id; a unique one for the core
-        self.prompt, self.prompt_token_ids = prompt, prompt_token_ids
+    def __init__(self, index: int, prompt_token_ids: list[int], params: SamplingParams, tokenizer):
+        self.index = index
         self.token_ids: list[int] = []
+        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None  # one per token
+        self.tokenizer = tokenizer
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params.stop) if tokenizer else None
         self.finish_reason: str | None = None
-        self.metrics = RequestMetrics(arrival_time=time.perf_counter())
-        self.loop = loop
-        self.stream = RequestStream(self)
 
     @property
     def text(self) -> str:
         return self.detokenizer.text if self.detokenizer is not None else ""
 
-    def update(self, new_token_ids: list[int], finish_reason: str | None) -> bool:
-        """Take one step's news; True if a stop string ended the answer here (the core must abort it)."""
+    def update(self, new_token_ids: list[int], finish_reason: str | None, new_logprobs=None) -> bool:
+        """Take one step's news; True if a stop string ended the answer here (the core must abort it).
+        `new_logprobs`: the core's arrays (ids, logprobs, ranks) per new token, when the request asks."""
         stopped = False
-        for token_id in new_token_ids:
+        for i, token_id in enumerate(new_token_ids):
             self.token_ids.append(token_id)
+            if self.logprobs is not None and new_logprobs is not None:
+                self.logprobs.append(self._logprobs(*new_logprobs[i]))
             if self.detokenizer is not None and self.detokenizer.add(token_id):
                 stopped = True  # the text ends before the stop string; later tokens are not part of the answer
                 break
-        now = time.perf_counter()
-        if self.metrics.first_token_time is None and self.token_ids:
-            self.metrics.first_token_time = now
-        if stopped or finish_reason is not None:
+        if self.finish_reason is None and (stopped or finish_reason is not None):
             self.finish_reason = "stop" if stopped else finish_reason
-            self.metrics.finished_time = now
-        self.stream.put((len(self.token_ids), len(self.text), self.finish_reason))
         return stopped and finish_reason is None
 
-    def output(self, snapshot) -> RequestOutput:
+    def _logprobs(self, ids: list[int], logprobs: list[float], ranks: list[int]) -> dict[int, Logprob]:
+        """One position's arrays -> vLLM's dict, each token decoded alone (decoded_token)."""
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        return {t: Logprob(lp, r, decode([t]) if decode else None) for t, lp, r in zip(ids, logprobs, ranks)}
+
+    def snapshot(self) -> tuple:
+        return len(self.token_ids), len(self.text), self.finish_reason
+
+    def output(self, snapshot) -> CompletionOutput:
         num_tokens, text_len, finish_reason = snapshot
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids,
-                             [CompletionOutput(0, self.text[:text_len], self.token_ids[:num_tokens], finish_reason)],
-                             finish_reason is not None, self.metrics)
+        logprobs = self.logprobs[:num_tokens] if self.logprobs is not None else None
+        return CompletionOutput(self.index, self.text[:text_len], self.token_ids[:num_tokens], finish_reason, logprobs)
+
+
+class RequestState:
+    """One live request as the frontend knows it: its n answers (one, unless SamplingParams.n > 1)."""
+
+    def __init__(self, request_id: str, core_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, tokenizer, loop: asyncio.AbstractEventLoop):
+        self.request_id, self.core_id = request_id, core_id   # the client's id; a unique one for the core
+        self.prompt, self.prompt_token_ids = prompt, prompt_token_ids
+        self.answers = [AnswerState(i, prompt_token_ids, params, tokenizer) for i in range(params.n)]
+        self.metrics = RequestMetrics(arrival_time=time.perf_counter())
+        self.loop = loop
+        self.stream = RequestStream(self)
+
+    @property
+    def finished(self) -> bool:
+        return all(a.finish_reason is not None for a in self.answers)
+
+    def update(self, news: list) -> list[int]:
+        """Take one step's news (EngineCoreOutputs of this request); returns the answers a stop string ended
+        here (the core must abort them)."""
+        stopped = [n.index for n in news
+                   if self.answers[n.index].update(n.new_token_ids, n.finish_reason, n.new_logprobs)]
+        now = time.perf_counter()
+        if self.metrics.first_token_time is None and any(a.token_ids for a in self.answers):
+            self.metrics.first_token_time = now
+        if self.finished:
+            self.metrics.finished_time = now
+        self.stream.put(tuple(a.snapshot() for a in self.answers))
+        return stopped
+
+    def output(self, snapshot) -> RequestOutput:
+        answers = [a.output(s) for a, s in zip(self.answers, snapshot)]
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, answers,
+                             all(a.finish_reason is not None for a in answers), self.metrics)
 
 
 class RequestStream:
@@ -138,16 +175,18 @@ class OutputProcessor:
             del self.requests[state.request_id]
         self._by_core_id.pop(state.core_id, None)
 
-    def process(self, message: EngineCoreOutputs, loop: asyncio.AbstractEventLoop) -> list[str]:
-        """Apply one step's news to the requests of `loop`; returns the core ids to abort (stop strings)."""
-        to_abort = []
-        for news in message.outputs:
-            state = self._by_core_id.get(news.request_id)
+    def process(self, message: EngineCoreOutputs, loop: asyncio.AbstractEventLoop) -> list[tuple[str, int]]:
+        """Apply one step's news to the requests of `loop`; returns the (core id, answer index) pairs to abort
+        (stop strings)."""
+        to_abort, by_request = [], {}
+        for news in message.outputs:  # (n > 1: one news per answer)
+            by_request.setdefault(news.request_id, []).append(news)
+        for core_id, news in by_request.items():
+            state = self._by_core_id.get(core_id)
             if state is None or state.loop is not loop:  # aborted meanwhile, or another loop's
                 continue
-            if state.update(news.new_token_ids, news.finish_reason):
-                to_abort.append(state.core_id)
-            if state.finish_reason is not None:
+            to_abort += [(state.core_id, index) for index in state.update(news)]
+            if state.finished:
                 self.remove(state)
         for rejected in message.rejected:
             state = self._by_core_id.get(rejected.request_id)
@@ -158,8 +197,9 @@ class OutputProcessor:
 
     def finish(self, state: RequestState, reason: str) -> None:
         """End a request here (aborted, or the engine stopped): its reader gets a last output."""
-        if state.finish_reason is None:
-            state.finish_reason = reason
+        if not state.finished:
+            for answer in state.answers:
+                answer.finish_reason = answer.finish_reason or reason
             state.metrics.finished_time = time.perf_counter()
-            state.stream.put((len(state.token_ids), len(state.text), reason))
+            state.stream.put(tuple(a.snapshot() for a in state.answers))
         self.remove(state)

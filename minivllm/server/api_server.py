@@ -81,7 +81,8 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         except ValueError as e:  # bad messages, over-long prompt, ids outside the vocabulary ...
             raise APIError(str(e)) from None
         if parsed.stream:
-            return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage, parsed.tool_call),
+            return StreamingResponse(_sse(stream, request_id, chat, parsed.include_usage, parsed.params,
+                                          parsed.tool_call),
                                      media_type="text/event-stream", background=BackgroundTask(stream.close))
         try:
             final = await _unless_disconnected(request, _last(stream))
@@ -91,12 +92,13 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
             stream.close()
         if final is None:  # the client is gone: nobody reads this response
             return Response(status_code=499)
-        text = final.outputs[0].text
-        choice = protocol.choice(chat, text, final.outputs[0].finish_reason, delta=False)
-        if parsed.tool_call is not None:
-            choice = parsed.tool_call.into_choice(choice, text)
-        return protocol.response(request_id, served_model_name, chat, [choice],
-                                 False, protocol.usage(len(final.prompt_token_ids), len(final.outputs[0].token_ids)))
+        choices = []
+        for a in final.outputs:
+            choice = protocol.choice(chat, a.text, a.finish_reason, False, index=a.index,
+                                     logprobs=protocol.logprobs_of(chat, a.logprobs, parsed.params.logprobs))
+            choices.append(parsed.tool_call.into_choice(choice, a.text) if parsed.tool_call is not None else choice)
+        return protocol.response(request_id, served_model_name, chat, choices, False,
+                                 protocol.usage(len(final.prompt_token_ids), _num_tokens(final)))
 
     async def _last(stream):
         last = None
@@ -106,9 +108,9 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         metrics.on_finished(last)
         return last
 
-    async def _sse(stream, request_id: str, chat: bool, include_usage: bool, tool_call=None):
-        """Server-sent events: one chunk per engine step with the new text (or, for tool calls, what the calls
-        gained), then usage, then [DONE]."""
+    async def _sse(stream, request_id: str, chat: bool, include_usage: bool, params, tool_call=None):
+        """Server-sent events: one chunk per engine step and answer (n > 1: `index` says which) with the new text
+        (and the new tokens' logprobs; for tool calls, what the calls gained), then usage, then [DONE]."""
         def event(choices, usage=None):
             body = protocol.response(request_id, served_model_name, chat, choices, True, usage)
             if include_usage and usage is None:
@@ -117,20 +119,28 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
 
         try:
             if chat:  # OpenAI's streams open with the role
-                yield event([protocol.choice(chat, "", None, delta=True, first=True)])
-            sent_text, last, sent_arguments = "", None, []
+                for i in range(params.n):
+                    yield event([protocol.choice(chat, "", None, delta=True, first=True, index=i)])
+            # Per answer: the text, tokens and text offset sent, whether it is done, the tool calls' arguments sent.
+            sent, last = [["", 0, 0, False, []] for _ in range(params.n)], None
             async for out in stream.merged():  # the steps a slow reader missed come as one event
                 metrics.on_output(out, last)
-                last, text = out, out.outputs[0].text
-                reason = out.outputs[0].finish_reason if out.finished else None
-                choice = protocol.choice(chat, text[len(sent_text):], reason, delta=True)
-                if tool_call is not None:
-                    choice = tool_call.into_delta(choice, text, sent_arguments)
-                yield event([choice])
-                sent_text = text
+                last = out
+                for a, (text, tokens, offset, done, arguments) in zip(out.outputs, sent):
+                    if done or (len(a.token_ids) == tokens and a.finish_reason is None):
+                        continue  # nothing new for this answer
+                    new = a.logprobs[tokens:] if a.logprobs is not None else None
+                    logprobs = protocol.logprobs_of(chat, new, params.logprobs, offset)
+                    choice = protocol.choice(chat, a.text[len(text):], a.finish_reason, True, index=a.index,
+                                             logprobs=logprobs)
+                    if tool_call is not None:
+                        choice = tool_call.into_delta(choice, a.text, arguments)
+                    yield event([choice])
+                    offset += sum(len(next(iter(d.values())).decoded_token) for d in new or [])
+                    sent[a.index] = [a.text, len(a.token_ids), offset, a.finish_reason is not None, arguments]
             metrics.on_finished(last)
             if include_usage:
-                yield event([], protocol.usage(len(last.prompt_token_ids), len(last.outputs[0].token_ids)))
+                yield event([], protocol.usage(len(last.prompt_token_ids), _num_tokens(last)))
             yield b"data: [DONE]\n\n"
         except EngineDeadError as e:
             yield _sse_bytes(_engine_stopped(e).body())
@@ -155,6 +165,11 @@ _encode = msgspec.json.Encoder().encode
 
 def _sse_bytes(data) -> bytes:
     return b"data: " + _encode(data) + b"\n\n"
+
+
+def _num_tokens(out) -> int:
+    """The tokens generated for a request: every answer's (n > 1), as OpenAI's usage counts them."""
+    return sum(len(a.token_ids) for a in out.outputs)
 
 
 def _engine_stopped(reason) -> APIError:

@@ -55,8 +55,8 @@ class ServerMetrics:
         """One more output of a request (`previous` is the one before it, None for its first)."""
         if previous is None:
             self.prompt_tokens.inc(len(out.prompt_token_ids))
-        done_before = 0 if previous is None else len(previous.outputs[0].token_ids)
-        self.generation_tokens.inc(len(out.outputs[0].token_ids) - done_before)
+        done_before = 0 if previous is None else sum(len(a.token_ids) for a in previous.outputs)
+        self.generation_tokens.inc(sum(len(a.token_ids) for a in out.outputs) - done_before)  # every answer's
 
     def on_finished(self, out) -> None:
         """A request's last output: its latencies go into the histograms."""

@@ -8,12 +8,15 @@ where a number belongs, NaN, 10**30 or a nested list stop here, not as a 500 fro
 
 Requests: `/v1/completions` (a text or token-id prompt) and `/v1/chat/completions` (messages).
 Fields read: model, prompt | messages, max_tokens (chat: also max_completion_tokens), temperature,
-top_p, top_k, seed, stop, n (1 only), stream, stream_options.include_usage, user (ignored),
-presence_penalty, frequency_penalty, logit_bias (token ids as strings, as OpenAI sends them), and vLLM's
-ignore_eos, stop_token_ids, repetition_penalty, min_p and min_tokens. null means "the default" for every
-one but model and the prompt. Structured outputs: response_format and vLLM's structured_outputs
-(`response_format.py`); chat's tools, tool_choice and parallel_tool_calls (`tool_calls.py`).
-Fields that would change the answer but are not implemented (logprobs, ...) are
+top_p, top_k, seed, stop, n (answers sampled in parallel on the prompt's shared blocks; answer i uses
+seed + i), stream, stream_options.include_usage, user (ignored), presence_penalty, frequency_penalty,
+logit_bias (token ids as strings, as OpenAI sends them), logprobs (chat: a bool, with top_logprobs
+0..20; completions: an integer 0..20), and vLLM's ignore_eos, stop_token_ids, repetition_penalty, min_p
+and min_tokens. null means "the default" for every one but model and the prompt.
+Logprobs are vLLM's: from the model's raw logits; each token's text is the token decoded alone.
+Structured outputs: response_format and vLLM's structured_outputs (`response_format.py`); chat's tools,
+tool_choice and parallel_tool_calls (`tool_calls.py`).
+Fields that would change the answer but are not implemented (echo, best_of, suffix) are
 refused by name, unless their value asks for nothing (null, false, 0, []): a client that asks for
 them must not get an answer that silently lacks them. Unknown fields are ignored, as vLLM does.
 """
@@ -54,9 +57,7 @@ class ParsedRequest:
 
 # Fields this server does not implement, with the values that ask for nothing (null always does).
 # A value matches only with its own type: `"n": true` or `"best_of": 1.0` is no default.
-_UNSUPPORTED = {"logprobs": (False,)}
-_UNSUPPORTED_CHAT = {**_UNSUPPORTED, "top_logprobs": (0,)}
-_UNSUPPORTED_COMPLETIONS = {**_UNSUPPORTED, "echo": (False,), "best_of": (1,), "suffix": ("",)}
+_UNSUPPORTED_COMPLETIONS = {"echo": (False,), "best_of": (1,), "suffix": ("",)}
 
 
 def parse_request(body, chat: bool) -> ParsedRequest:
@@ -68,12 +69,10 @@ def parse_request(body, chat: bool) -> ParsedRequest:
             raise APIError(f"missing required field '{name}'")
     model = _get(body, "model", str)  # the server compares it with its own name: a str, or a 400
     _get(body, "user", str)
-    for name, harmless in (_UNSUPPORTED_CHAT if chat else _UNSUPPORTED_COMPLETIONS).items():
+    for name, harmless in ({} if chat else _UNSUPPORTED_COMPLETIONS).items():  # chat implements all it reads
         value = body.get(name)
         if value is not None and not any(type(value) is type(h) and value == h for h in harmless):
             raise APIError(f"'{name}' is not supported by this server, got {_show(value)}")
-    if _get(body, "n", int, 1) != 1:
-        raise APIError("'n' must be 1: one choice per request is supported")
     prompt = _chat_messages(body["messages"]) if chat else _completion_prompt(body["prompt"])
     try:
         tool_call = parse_tools(body) if chat else None
@@ -94,6 +93,7 @@ def parse_request(body, chat: bool) -> ParsedRequest:
     for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
         _get(body, name, int)
     max_tokens = body.get(tokens_name)
+    logprobs, logprobs_name = _logprobs(body, chat)
     try:  # SamplingParams checks the sampling values' types and ranges; null means "the default"
         params = SamplingParams(
             temperature=_or(body.get("temperature"), 1.0),
@@ -111,13 +111,27 @@ def parse_request(body, chat: bool) -> ParsedRequest:
             min_tokens=_or(body.get("min_tokens"), 0),
             logit_bias=_logit_bias(_get(body, "logit_bias", dict)),
             structured_outputs=structured,
+            logprobs=logprobs,
+            n=_or(body.get("n"), 1),
         )
-    except ValueError as e:  # its message names the field; the client's own name for max_tokens
+    except ValueError as e:  # its message names the field; the client's own names for max_tokens, logprobs
         message = str(e)
-        if message.startswith("max_tokens ") and tokens_name != "max_tokens":
-            message = tokens_name + message[len("max_tokens"):]
+        for ours, theirs in (("max_tokens", tokens_name), ("logprobs", logprobs_name)):
+            if message.startswith(ours + " ") and theirs != ours:
+                message = theirs + message[len(ours):]
         raise APIError(message) from None
     return ParsedRequest(prompt, params, stream, include_usage, max_tokens is not None, model, tool_call)
+
+
+def _logprobs(body: dict, chat: bool) -> tuple[int | None, str]:
+    """SamplingParams.logprobs (None: off) and the field that gave it: chat's `logprobs: true` with
+    `top_logprobs` N (0 if absent), or completions' integer `logprobs` (false, as some clients send: off)."""
+    if not chat:
+        return (None if body.get("logprobs") is False else _get(body, "logprobs", int)), "logprobs"
+    on, top = _get(body, "logprobs", bool, False), _get(body, "top_logprobs", int)
+    if top and not on:  # OpenAI's rule (vLLM's too): top_logprobs only with logprobs
+        raise APIError("'top_logprobs' requires 'logprobs': true")
+    return (_or(top, 0) if on else None), "top_logprobs"
 
 
 def _logit_bias(bias: dict | None) -> dict | None:
@@ -182,15 +196,45 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict:
             "total_tokens": num_prompt_tokens + num_output_tokens}
 
 
-def choice(chat: bool, text: str, finish_reason: str | None, delta: bool, first: bool = False) -> dict:
-    """One entry of `choices`: a message or a streamed delta (chat), or a text (completions)."""
+def choice(chat: bool, text: str, finish_reason: str | None, delta: bool, first: bool = False,
+           logprobs: dict | None = None, index: int = 0) -> dict:
+    """One entry of `choices` (answer `index` of n): a message or a streamed delta (chat), or a text."""
     if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if delta:
         content = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-        return {"index": 0, "delta": content, "logprobs": None, "finish_reason": finish_reason}
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "delta": content, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
             "finish_reason": finish_reason}
+
+
+def logprobs_of(chat: bool, logprobs: list[dict] | None, top_n: int, text_offset: int = 0) -> dict | None:
+    """Some tokens' logprobs (CompletionOutput.logprobs, a slice of it when streaming) in OpenAI's shape.
+    chat: {"content": [{token, logprob, bytes, top_logprobs: the top_n}]}; completions: {tokens,
+    token_logprobs, top_logprobs (the chosen token and the top N, as vLLM), text_offset (from `text_offset`:
+    each token's offset in the answer, by the lengths of the tokens before it)}."""
+    if logprobs is None:
+        return None
+    chosen = [next(iter(d.items())) for d in logprobs]
+    if chat:
+        return {"content": [{**_chat_token(*c), "top_logprobs": [
+            _chat_token(*t) for t in sorted(d.items(), key=lambda t: t[1].rank)[:top_n]]}
+            for c, d in zip(chosen, logprobs)]}
+    offsets = []
+    for _, lp in chosen:
+        offsets.append(text_offset)
+        text_offset += len(lp.decoded_token)
+    return {"tokens": [lp.decoded_token for _, lp in chosen], "token_logprobs": [_finite(lp) for _, lp in chosen],
+            "top_logprobs": [{lp.decoded_token: _finite(lp) for lp in d.values()} for d in logprobs],
+            "text_offset": offsets}
+
+
+def _chat_token(_, lp) -> dict:
+    return {"token": lp.decoded_token, "logprob": _finite(lp), "bytes": list(lp.decoded_token.encode())}
+
+
+def _finite(lp) -> float:
+    return max(lp.logprob, -9999.0)  # JSON has no -inf; OpenAI's (and vLLM's) floor
 
 
 def response(request_id: str, model: str, chat: bool, choices: list, stream: bool, usage_: dict | None) -> dict:

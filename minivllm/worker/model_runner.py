@@ -41,53 +41,68 @@ from ..structured_output import GrammarBitmask
 from .block_table import BlockTable
 from .cuda_graphs import CUDAGraphs, choose_graph
 from .kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
+from .logprobs import StepLogprobs, compute_logprobs
 from .rejection_sampler import RejectionSampler
 from .sampler import Sampler, process_logits
 
 
 class SampledTokens:
-    """A step's sampled token ids on their way to the host."""
+    """A step's sampled token ids (and the logprobs asked for, if any) on their way to the host."""
 
-    def __init__(self, tokens: torch.Tensor, copy_stream):
-        self._ready = None
+    def __init__(self, tokens: torch.Tensor, copy_stream, logprobs: StepLogprobs | None = None):
+        self._ready, self._logprobs, self._num_rows = None, logprobs, tokens.shape[0]
+        tensors = [tokens] + (logprobs.tensors if logprobs is not None else [])
         if not tokens.is_cuda:
-            self._host = tokens
+            self._host = tensors
             return
-        self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
         copy_stream.wait_stream(torch.cuda.current_stream(tokens.device))  # after the sampler's kernels
         with torch.cuda.stream(copy_stream):
-            self._host.copy_(tokens, non_blocking=True)
+            for host, t in zip(self._host, tensors):
+                host.copy_(t, non_blocking=True)
             self._ready = torch.cuda.Event()
             self._ready.record(copy_stream)
-        tokens.record_stream(copy_stream)  # the allocator must not reuse it before the copy is done
+        for t in tensors:
+            t.record_stream(copy_stream)  # the allocator must not reuse them before the copy is done
 
     def tolist(self) -> list[int]:
         """The ids, waiting for this copy only (the GPU may already run the next step)."""
         if self._ready is not None:
             self._ready.synchronize()
-        return self._host.tolist()
+        return self._host[0].tolist()
+
+    def logprobs(self):
+        """After `tolist`: (a dict or None per sampling row, the prompt chunks' dicts), or None if nobody asked."""
+        return self._logprobs.on_host(self._host[1:], self._num_rows) if self._logprobs is not None else None
 
 
 class VerifiedTokens:
     """A verify step's tokens, already on the host: per sampling sequence, its kept guesses and one more."""
 
-    def __init__(self, tokens: list[list[int]]):
-        self._tokens = tokens
+    def __init__(self, tokens: list[list[int]], logprobs: StepLogprobs | None = None):
+        self._tokens, self._logprobs = tokens, logprobs
 
     def tolist(self) -> list[list[int]]:
         return self._tokens
+
+    def logprobs(self):
+        if self._logprobs is None:
+            return None
+        return self._logprobs.on_host([t.cpu() for t in self._logprobs.tensors], len(self._tokens))
 
 
 @dataclass
 class BatchLayout:
     """What a rank needs, beside the flat int64 tensor, to cut it back into a step's inputs."""
-    field_sizes: list[int]  # input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, tables
+    field_sizes: list[int]  # input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, tables,
+    #                         and the copy-on-write blocks' sources and destinations
     num_seqs: int
     table_width: int
     max_query_len: int
     max_context_len: int
     num_decodes: int
     max_decode_context_len: int
+    every_row_samples: bool = False  # the sampled rows are the step's tokens, in order: a graph's logits as they are
 
 
 class ModelRunner:
@@ -110,6 +125,7 @@ class ModelRunner:
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: CUDAGraphs | None = None
         self.graph_replays = Counter()  # steps run by a graph, by kind ("decode", "verify"): what tests read
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, bound by initialize_kv_cache
         self.use_async_copies = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.use_async_copies else None
         # The last step's sampled ids, still on the device, and the row of each request in them.
@@ -134,7 +150,8 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the cache and bind each layer's keys and values to its attention layer."""
-        kv = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype, self.device)
+        kv = self.kv_caches = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype,
+                                                self.device)
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
             layer.bind_cache(k_cache, v_cache)
 
@@ -157,7 +174,8 @@ class ModelRunner:
     # ---- a step ------------------------------------------------------------------------
     def prepare(self, scheduler_output: SchedulerOutput):
         """The flat batch on the device: (input_ids, positions, metadata, sample_index), where
-        sample_index holds the flat index of the last token of every sequence that samples."""
+        sample_index holds the flat index of the last token of every sequence that samples, then those of
+        the prompt positions whose logprobs are asked (`prompt_logprob_span`)."""
         return self._unpack(*self.pack(scheduler_output))
 
     def pack(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, BatchLayout]:
@@ -166,7 +184,9 @@ class ModelRunner:
         self.block_table.truncate(scheduler_output.truncated_block_tables)
         entries = scheduler_output.entries
         rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_positions = [], [], [], [], [], [], []
+        prompt_positions = []  # their logits come after the sampling rows'
         for e in entries:
+            prompt_positions.extend(p - e.start + len(token_ids) for p in e.prompt_logprob_span)
             rows.append(self.block_table.row_of(e.seq))
             starts.append(e.start)
             lens.append(e.num_tokens)
@@ -183,6 +203,7 @@ class ModelRunner:
             if e.samples:  # logits at the last token; a verify's at each guess's position too
                 end = len(token_ids)
                 sample_positions.extend(range(end - 1 - len(e.draft_token_ids), end))
+                sample_positions.extend([end - 1] * len(e.forks))  # n > 1: each answer samples from the prompt's end
         context_lens = [s + n for s, n in zip(starts, lens)]
         num_decodes = scheduler_output.num_decodes
         max_context_len = max(context_lens)
@@ -197,25 +218,28 @@ class ModelRunner:
         width = cdiv(max_context_len, bs)
         block_tables = self.block_table.table[torch.tensor(rows), :width]
         slots = block_tables[owner, positions // bs].long() * bs + positions % bs
-        sample_index = torch.tensor(sample_positions, dtype=torch.int64)
+        sample_index = torch.tensor(sample_positions + prompt_positions, dtype=torch.int64)
 
         # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy is
         # asynchronous), then is cut into views: one transfer per step instead of nine.
+        copies = torch.tensor(scheduler_output.block_copies, dtype=torch.int64).view(-1, 2)
         fields = [torch.tensor(token_ids), positions, slots, cu_seqlens, torch.tensor(context_lens), sample_index,
                   torch.tensor(from_gpu_dst, dtype=torch.int64), torch.tensor(from_gpu_src, dtype=torch.int64),
-                  block_tables.flatten()]
+                  block_tables.flatten(), copies[:, 0], copies[:, 1]]
         host = torch.empty(sum(f.numel() for f in fields), dtype=torch.int64, pin_memory=self.use_async_copies)
         torch.cat([f.to(torch.int64) for f in fields], out=host)
         flat = host.to(self.device, non_blocking=True)
+        # (Known on the host: asking the device whether sample_index is 0..T-1 would make the host wait.)
+        every_row_samples = sample_positions + prompt_positions == list(range(T))
         layout = BatchLayout([f.numel() for f in fields], B, width, max(lens), max_context_len, num_decodes,
-                             max(context_lens[:num_decodes], default=0))
+                             max(context_lens[:num_decodes], default=0), every_row_samples)
         if from_gpu_dst:
-            input_ids, _, _, _, _, _, dst, src, _ = flat.split(layout.field_sizes)
+            input_ids, _, _, _, _, _, dst, src, *_ = flat.split(layout.field_sizes)
             input_ids[dst] = self._last_sampled[src]
         return flat, layout
 
     def _unpack(self, flat: torch.Tensor, layout: BatchLayout):
-        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, _, _, block_tables = flat.split(
+        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, _, _, block_tables, _, _ = flat.split(
             layout.field_sizes)
         meta = AttentionMetadata(
             cu_seqlens_q=cu_seqlens.int(), context_lens=context_lens.int(), slot_mapping=slots,
@@ -227,7 +251,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Logits [num sampling sequences, vocab] (float32), on the device, not waited for."""
+        """Logits [sampling rows (+ prompt-logprob rows), vocab] (float32), on the device, not waited for."""
         flat, layout = self.pack(scheduler_output)
         return self.execute_batch(layout, flat)
 
@@ -240,12 +264,18 @@ class ModelRunner:
                 flat = torch.empty(sum(layout.field_sizes), dtype=torch.int64, device=self.device)
             dist.broadcast(flat, src=0)
         input_ids, positions, meta, sample_index = self._unpack(flat, layout)
+        *_, copy_src, copy_dst = flat.split(layout.field_sizes)
+        if copy_src.numel():  # copy-on-write (n > 1): a shared block's keys and values, before anyone writes
+            for k_cache, v_cache in self.kv_caches:
+                k_cache[copy_dst] = k_cache[copy_src]
+                v_cache[copy_dst] = v_cache[copy_src]
         shape = choose_graph(self.graphs.ladders, meta.num_seqs, meta.max_query_len) if self.graphs else None
         if shape is not None:
             self.graph_replays["decode" if shape[0] == 1 else "verify"] += 1
             logits = self.graphs.run(shape, input_ids, positions, meta)
-            # Every row samples in a decode or verify step; not in a draft's catch-up (its last row only).
-            return logits if sample_index.shape[0] == input_ids.shape[0] else logits[sample_index]
+            # Every row samples in a decode or verify step; not in a draft's catch-up (its last row only), nor where
+            # n > 1 answers sample the same row or prompt logprobs add rows.
+            return logits if layout.every_row_samples else logits[sample_index]
         hidden = self.model(input_ids, positions, self.attn_backend.build_metadata(meta))
         return self.model.compute_logits(hidden[sample_index])
 
@@ -269,22 +299,48 @@ class ModelRunner:
         model's distributions, [sampling sequences, k, vocab]; None for sure guesses such as n-grams).
         `grammar_bitmask`: structured outputs, the tokens each constrained row's grammar allows (None: no row)."""
         seqs = scheduler_output.sampled_seqs
-        drafts = [e.draft_token_ids for e in scheduler_output.entries if e.samples]
+        drafts = scheduler_output.sampled_drafts
+        num_rows = sum(len(d) + 1 for d in drafts)
+        logits, prompt_logits = logits[:num_rows], logits[num_rows:]  # raw: what logprobs read
         processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
         if any(drafts):
             self._last_sampled_rows = {}  # (no overlap while speculating: nothing reads them)
-            # Rows that process their logits or follow a grammar get no guesses (the scheduler's rule): one row each
+            # Rows that process their logits, follow a grammar or ask for logprobs get no guesses (the scheduler's
+            # rule): one row each here.
             first_rows = list(itertools.accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
+            raw = logits
             if grammar_bitmask is not None:
                 logits = grammar_bitmask.apply(logits, first_rows)
             if processed:
                 logits = logits.clone()
                 logits[first_rows] = process_logits(logits[first_rows], seqs, processed, self.sampler.eos_token_ids)
-            return VerifiedTokens(self.rejection_sampler(logits, seqs, drafts, draft_probs))
+            tokens = self.rejection_sampler(logits, seqs, drafts, draft_probs)
+            first = torch.tensor([t[0] for t in tokens], device=self.device)
+            return VerifiedTokens(tokens, self._logprobs(raw[first_rows], first, prompt_logits, scheduler_output))
+        raw = logits
         if grammar_bitmask is not None:
             logits = grammar_bitmask.apply(logits)
         tokens = (self.sampler(logits, seqs, processed, self._in_flight_tokens(seqs, processed)) if seqs
                   else self._last_sampled[:0])
         self._last_sampled = tokens
         self._last_sampled_rows = {seq.request_id: i for i, seq in enumerate(seqs)}
-        return SampledTokens(tokens, self.copy_stream)
+        return SampledTokens(tokens, self.copy_stream, self._logprobs(raw, tokens, prompt_logits, scheduler_output))
+
+    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, prompt_logits: torch.Tensor,
+                  scheduler_output: SchedulerOutput) -> StepLogprobs | None:
+        """The logprobs the step's requests ask for (None: nobody does). logits [sampling sequences, V] and
+        their chosen tokens; prompt_logits: one row per position of the prefill chunks' prompt_logprob_span."""
+        sampled = [(i, s.params.logprobs) for i, s in enumerate(scheduler_output.sampled_seqs)
+                   if s.params.logprobs is not None]
+        prompt = [(e.seq, e.prompt_logprob_span.start, e.seq.params.prompt_logprobs, len(e.prompt_logprob_span))
+                  for e in scheduler_output.entries if e.prompt_logprob_span]
+        if not sampled and not prompt:
+            return None
+        rows = [i for i, _ in sampled]
+        targets = [t for seq, first, _, count in prompt for t in seq.prompt_token_ids[first + 1:first + 1 + count]]
+        # The next prompt tokens are known on the host: one small copy (pinned on a GPU: it does not block).
+        targets = torch.tensor(targets, dtype=torch.int64, pin_memory=self.use_async_copies)
+        k = max([n for _, n in sampled] + [n for _, _, n, _ in prompt])
+        tensors = compute_logprobs(torch.cat([logits[rows], prompt_logits]),
+                                   torch.cat([tokens[rows], targets.to(self.device, non_blocking=True)]), k)
+        return StepLogprobs(sampled, prompt, list(tensors))
