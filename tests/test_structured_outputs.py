@@ -221,3 +221,23 @@ def test_through_async_llm(llm, engine_core_process):
     assert last.outputs[0].token_ids == offline.outputs[0].token_ids
     assert last.outputs[0].finish_reason == "stop"
     jsonschema.validate(json.loads(last.outputs[0].text), SHORT)
+
+
+def test_n_answers_each_follow_the_grammar_with_their_own_matcher(llm):
+    """n > 1 forks after the prompt: each answer gets its own matcher (a fork of the prompt's), so each is valid
+    and equals what its seed (seed + i) gives alone; logprobs ride along; every block comes back."""
+    schema = {"type": "object", "required": ["city", "rank"], "additionalProperties": False,
+              "properties": {"city": {"type": "string", "maxLength": 20}, "rank": {"type": "integer"}}}
+
+    def params(**kw):
+        return SamplingParams(temperature=0.9, max_tokens=60, logprobs=2,
+                              structured_outputs=StructuredOutputsParams(json=schema), **kw)
+    prompt = chat_prompt(llm, "Name a big city and its rank, as JSON.")
+    answers = llm.generate(prompt, params(n=3, seed=1), use_tqdm=False)[0].outputs
+    alone = [llm.generate(prompt, params(seed=1 + i), use_tqdm=False)[0].outputs[0] for i in range(3)]
+    for answer, single in zip(answers, alone):
+        assert answer.finish_reason == "stop" and answer.token_ids == single.token_ids
+        jsonschema.validate(json.loads(answer.text), schema)
+        assert len(answer.logprobs) == len(answer.token_ids)
+    stats = llm.llm_engine.get_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"]

@@ -75,6 +75,10 @@ class RequestGrammar:
     def __init__(self, matcher):
         self.matcher = matcher
 
+    def fork(self) -> RequestGrammar:
+        """Another answer of the same request (n > 1): a matcher at the same place, advanced on its own."""
+        return RequestGrammar(self.matcher.fork())
+
     def accept_token(self, token: int) -> bool:
         """Advance by the sampled token; False if the grammar forbids it (the mask makes that impossible)."""
         return self.matcher.accept_token(token)
