@@ -125,5 +125,8 @@ def test_async_llm_streams_the_same_logprobs(tiny_llama, engine_core_process):
         for out in outs:  # cumulative: one dict per token so far
             assert len(out.outputs[0].logprobs) == len(out.outputs[0].token_ids)
         got, want = outs[-1].outputs[0].logprobs, ref.outputs[0].logprobs
-        assert [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in got] == \
-               [{t: (lp.logprob, lp.rank) for t, lp in d.items()} for d in want]
+        # The same tokens and ranks; the values to float32 rounding (the core's process may run its matmuls
+        # with another number of threads, which sums in another order).
+        assert [{t: lp.rank for t, lp in d.items()} for d in got] == [{t: lp.rank for t, lp in d.items()} for d in want]
+        for g, w in zip(got, want):
+            assert [lp.logprob for lp in g.values()] == pytest.approx([lp.logprob for lp in w.values()], abs=1e-4)
