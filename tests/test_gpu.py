@@ -120,3 +120,39 @@ def test_a_draft_models_runner_replays_cuda_graphs_too(tiny_llama):
     assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0
     draft_replays = engine.proposer.runner.graph_replays
     assert engine.runner.graph_replays["verify"] > 0 and draft_replays["decode"] > 0 and draft_replays["verify"] > 0
+
+
+def test_json_schemas_logprobs_and_n_answers_on_the_gpu():
+    # The OpenAI extras on real SmolLM2 with CUDA graphs and the overlap on: the bitmask filled on the CPU reaches
+    # the GPU's sampler (every answer validates), logprobs come back from the GPU's sampler, and n = 4 answers on
+    # shared blocks are the answers of seeds 7..10 alone. Then the overlap off gives the same greedy answers.
+    import json
+
+    import jsonschema
+
+    from minivllm import StructuredOutputsParams
+    pytest.importorskip("xgrammar")
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "age"]}
+    prompts = [f"Describe person number {i} as JSON with the keys name and age." for i in range(12)]
+    answers = []
+    for overlap in (True, False):
+        llm = LLM("smollm2-135m", dtype="float32", max_model_len=512, async_scheduling=overlap)
+        spec = StructuredOutputsParams(json=schema)
+        params = [SamplingParams(temperature=t, seed=i, max_tokens=64, logprobs=2, structured_outputs=spec)
+                  for i, t in enumerate([0.0, 1.0] * 6)]
+        outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
+        for out in outs:
+            jsonschema.validate(json.loads(out.outputs[0].text), schema)
+            assert len(out.outputs[0].logprobs) == len(out.outputs[0].token_ids)
+        answers.append([o.outputs[0].token_ids for o, p in zip(outs, params) if p.temperature == 0])
+        sampling = dict(temperature=1.0, max_tokens=16, ignore_eos=True, frequency_penalty=0.5)
+        prompt = list(range(100, 150))
+        (together,) = llm.generate([prompt], SamplingParams(n=4, seed=7, **sampling), use_tqdm=False)
+        alone = llm.generate([prompt] * 4, [SamplingParams(seed=7 + i, **sampling) for i in range(4)],
+                             use_tqdm=False)
+        assert [c.token_ids for c in together.outputs] == [o.outputs[0].token_ids for o in alone]
+        stats = llm.llm_engine.get_stats()
+        assert stats["num_free_blocks"] == stats["num_total_blocks"]
+    assert answers[0] == answers[1]

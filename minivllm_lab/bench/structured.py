@@ -11,14 +11,18 @@
    has to hide.
    The schema is an object with one long string (minLength 400), so that no request ends before the steps are
    counted: most tokens of real JSON answers are inside strings too.
-2. The valid-JSON rate of SmolLM2-135M-Instruct (real weights) asked for JSON by N prompts: unconstrained (a
+2. W1 (DESIGN.md: 60 requests, prompts of 16-256 random ids, 150 output tokens each) end to end, `generate` with
+   a JSON schema on every request against without, the two taking turns (medians of `--w1-repeats`, after a
+   warm-up): output tokens per second. The schema's one string is long enough (minLength 4000) that every
+   request writes its 150 tokens, as without it.
+3. The valid-JSON rate of SmolLM2-135M-Instruct (real weights) asked for JSON by N prompts: unconstrained (a
    lenient reading: the text from its first "{" to its last "}" must parse and validate) against constrained.
 
 On a GPU the per-step part uses the Mistral-7B shape with dummy weights (as every GPU benchmark here), with
 SmolLM2's tokenizer and vocabulary (49152 instead of 32000 tokens; the extra 71 MB of unembedding is under 1% of
 the 14.5 GB read per step): the grammar needs a tokenizer that can spell JSON, and the word tokenizer of the
 serving benchmarks (`word_model.py`, tokens "w0".."w31999") cannot. Random weights write random but valid JSON
-under the grammar, which is all the per-step cost needs. Part 2 always uses SmolLM2's real weights.
+under the grammar, which is all the per-step cost needs. Part 3 always uses SmolLM2's real weights.
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ from .metrics import format_table, hardware_name, median, save_json
 
 LONG_STRING = {"type": "object", "properties": {"answer": {"type": "string", "minLength": 400}},
                "required": ["answer"]}
+W1_STRING = {"type": "object", "properties": {"answer": {"type": "string", "minLength": 4000}},
+             "required": ["answer"]}
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 120},
                                            "city": {"type": "string", "maxLength": 24}},
@@ -122,6 +128,32 @@ def per_step_cost(llm, batch_sizes, prompt_lens, warmup: int, steps: int, seed: 
     return rows
 
 
+def w1_throughput(llm, repeats: int) -> list[dict]:
+    """W1 through `generate`, with a JSON schema on every request and without, taking turns: output tok/s."""
+    from .workloads import w1
+
+    workload = w1(llm.llm_engine.model_config.vocab_size)
+    spec = StructuredOutputsParams(json=W1_STRING)
+    ways = {"plain": None, "json_schema": spec}
+    seconds = {name: [] for name in ways}
+    for r in range(repeats + 1):  # run 0 warms up (and compiles the grammar: cached after)
+        for name, structured in ways.items():
+            params = [SamplingParams(temperature=1.0, seed=i, max_tokens=n, ignore_eos=True,
+                                     structured_outputs=structured) for i, n in enumerate(workload.max_tokens)]
+            start = time.perf_counter()
+            outs = llm.generate(workload.prompts, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            assert tokens == sum(workload.max_tokens), "every request must write its 150 tokens"
+            if r:
+                seconds[name].append(elapsed)
+    tokens = sum(workload.max_tokens)
+    rows = [{"way": name, "seconds": round(median(s), 3), "output_tok_s": round(tokens / median(s), 1)}
+            for name, s in seconds.items()]
+    rows[1]["slowdown_pct"] = round(100 * (rows[1]["seconds"] / rows[0]["seconds"] - 1), 1)
+    return rows
+
+
 def valid_json_rate(llm, n: int, max_tokens: int, seed: int = 0) -> list[dict]:
     import jsonschema
 
@@ -153,6 +185,7 @@ def main(argv=None):
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if there is one)")
     parser.add_argument("--batch-sizes", default=None, help="comma-separated (default 1,64,256)")
     parser.add_argument("--num-prompts", type=int, default=None, help="prompts of the valid-JSON rate")
+    parser.add_argument("--w1-repeats", type=int, default=None, help="W1 runs each way (default: 3 on a GPU, 0 (skipped) on a CPU or with --smoke)")
     parser.add_argument("--out", default="figures/structured_outputs.json")
     args = parser.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -172,6 +205,12 @@ def main(argv=None):
     print(f"per-step cost of a JSON schema on every request ({shape}; {hardware}):")
     steps_rows = per_step_cost(step_llm, batch_sizes, prompt_lens, warmup, steps)
     print(format_table(steps_rows, list(steps_rows[0])))
+    w1_repeats = args.w1_repeats if args.w1_repeats is not None else (3 if on_gpu and not args.smoke else 0)
+    w1_rows = []
+    if w1_repeats:
+        print(f"\nW1 with a JSON schema on every request against without ({shape}; {hardware}):")
+        w1_rows = w1_throughput(step_llm, w1_repeats)
+        print(format_table(w1_rows, ["way", "seconds", "output_tok_s", "slowdown_pct"]))
     del step_llm
     json_llm = LLM("smollm2-135m", dtype="float32" if not on_gpu else "bfloat16", device=device, max_model_len=512)
     n = args.num_prompts or (8 if args.smoke else 32)
@@ -180,7 +219,7 @@ def main(argv=None):
     print(format_table(rate_rows, list(rate_rows[0])))
     path = save_json(args.out, {"device": device, "model_per_step": shape, "prompt_lens": prompt_lens,
                                 "warmup_steps": warmup, "measured_steps": steps, "per_step": steps_rows,
-                                "valid_json": rate_rows})
+                                "w1": w1_rows, "valid_json": rate_rows})
     print(f"\nsaved {path}")
 
 
