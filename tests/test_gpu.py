@@ -138,7 +138,8 @@ def test_json_schemas_logprobs_and_n_answers_on_the_gpu():
     prompts = [f"Describe person number {i} as JSON with the keys name and age." for i in range(12)]
     answers = []
     for overlap in (True, False):
-        llm = LLM("smollm2-135m", dtype="float32", max_model_len=512, async_scheduling=overlap)
+        # (a pool of its own size: earlier tests of the session may still hold GPU memory)
+        llm = LLM("smollm2-135m", dtype="float32", max_model_len=512, num_kv_blocks=256, async_scheduling=overlap)
         spec = StructuredOutputsParams(json=schema)
         params = [SamplingParams(temperature=t, seed=i, max_tokens=64, logprobs=2, structured_outputs=spec)
                   for i, t in enumerate([0.0, 1.0] * 6)]

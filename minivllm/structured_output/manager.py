@@ -29,6 +29,7 @@ from ..structured_outputs_params import StructuredOutputsParams
 from .bitmask import GrammarBitmask
 
 MAX_CACHED_GRAMMARS = 256  # compiled grammars kept (a server meets the same few schemas again and again)
+PARALLEL_FILL_MIN_ROWS = 128  # from this many constrained rows on, the bitmask is filled on several threads
 _XGRAMMAR_NOISE = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")  # "[16:06:29] file.cc:94: "
 
 
@@ -99,7 +100,7 @@ class StructuredOutputManager:
         self._load_tokenizer = load_tokenizer
         self.pin_memory = pin_memory                 # on a GPU: the bitmask's copy to the device does not block
         self._compiler = None
-        self._batch_matcher = None
+        self._serial_matcher = self._parallel_matcher = None
         self.compiled: dict[tuple[str, str], object] = {}  # by StructuredOutputsParams.key, oldest first
         self.num_compilations = 0
 
@@ -115,7 +116,8 @@ class StructuredOutputManager:
             except (ValueError, RuntimeError) as e:
                 raise ValueError(f"structured outputs: xgrammar cannot use this model's tokenizer: {e}") from None
             self._compiler = xgr.GrammarCompiler(info, max_threads=torch.get_num_threads())
-            self._batch_matcher = xgr.BatchGrammarMatcher()
+            self._serial_matcher = xgr.BatchGrammarMatcher(max_threads=1)
+            self._parallel_matcher = xgr.BatchGrammarMatcher()  # half the machine's cores
         return self._compiler
 
     def compile(self, params: StructuredOutputsParams):
@@ -160,8 +162,9 @@ class StructuredOutputManager:
         words = (self.vocab_size + 31) // 32
         bitmask = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=self.pin_memory)
         matchers = [seqs[i].grammar.matcher for i in rows]
-        if len(matchers) == 1:
-            matchers[0].fill_next_token_bitmask(bitmask, 0)
-        else:  # xgrammar fills the rows on several threads (in C++, without the GIL)
-            self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask)
+        # Threads pay off only for many rows: below PARALLEL_FILL_MIN_ROWS, waking them costs more than the rows
+        # (measured on an H200's host, where torch's own threads compete for the cores: 64 rows took 1.9 to 4.4
+        # ms on 8 threads, scripts/gpu_diagnose.py). vLLM draws the line at the same place.
+        batch = self._parallel_matcher if len(rows) >= PARALLEL_FILL_MIN_ROWS else self._serial_matcher
+        batch.batch_fill_next_token_bitmask(matchers, bitmask)  # in C++, without the GIL
         return GrammarBitmask(rows, bitmask)
