@@ -24,6 +24,7 @@ commit, the versions, the GPU. Notebooks run from one commit show the same line.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -46,8 +47,8 @@ from .machine import (
 )
 
 # The notebooks import their helpers from here, those of `machine` too.
-__all__ = ["setup", "NotebookEnv", "choose_dtype", "choose_model", "figures_dir", "free_memory", "random_prompt",
-           "tiny_checkpoint"]
+__all__ = ["setup", "NotebookEnv", "choose_dtype", "choose_model", "figures_dir", "free_memory", "print_source",
+           "random_prompt", "tiny_checkpoint"]
 
 
 @dataclass
@@ -173,6 +174,48 @@ def _versions() -> dict:
     except (OSError, subprocess.SubprocessError):
         commit = None  # an installed package, not a checkout
     return {"commit": commit, "minivllm": __version__, "torch": torch.__version__, "triton": triton.__version__}
+
+
+def print_source(obj, *, start: str | None = None, stop: str | None = None,
+                 lines_with: tuple[str, ...] | str | None = None) -> None:
+    """Print the package's current source of `obj`: a function, class, method, module or Triton kernel.
+
+    A notebook shows the engine's code through this call, never through a copy pasted into a cell, so
+    what it prints is what the package does now (tests/test_notebook_sources.py checks that the
+    committed printouts still match). Part of it only:
+
+        print_source(ModelRunner.pack, start="one host-to-device copy", stop=".split(")
+        print_source(LLMEngine.from_config, lines_with=("block_size", "enable_paged_kv"))
+
+    - `start`: from the first line that contains it (default: the first line);
+    - `stop`: to the first line from there that contains it, included (default: the last line);
+    - `lines_with`: then only the lines that contain one of these strings.
+
+    Lines keep their indentation, and a blank line follows, as after print(inspect.getsource(obj)).
+    A marker that matches no line raises ValueError: a cell must not silently print nothing after the
+    code it quotes has moved.
+    """
+    if hasattr(obj, "fn") and not inspect.isroutine(obj):  # a Triton kernel keeps its Python function in .fn
+        obj = obj.fn
+    lines = inspect.getsource(obj).splitlines()
+    name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
+    if start is not None:
+        lines = lines[_first_line_with(lines, start, name):]
+    if stop is not None:
+        lines = lines[:_first_line_with(lines, stop, name) + 1]
+    if lines_with is not None:
+        keys = (lines_with,) if isinstance(lines_with, str) else tuple(lines_with)
+        lines = [line for line in lines if any(key in line for key in keys)]
+        if not lines:
+            raise ValueError(f"no line of {name} contains any of {keys}")
+    print("\n".join(lines) + "\n")
+
+
+def _first_line_with(lines: list[str], marker: str, name: str) -> int:
+    for i, line in enumerate(lines):
+        if marker in line:
+            return i
+    raise ValueError(f"no line of {name} contains {marker!r}")
 
 
 def random_prompt(n: int, rng, vocab_size: int) -> list[int]:
