@@ -234,8 +234,8 @@ def print_source(obj, *, start: str | None = None, stop: str | None = None,
     A marker that matches no line raises ValueError: a cell must not silently print nothing after the
     code it quotes has moved.
     """
-    if hasattr(obj, "fn") and not inspect.isroutine(obj):  # a Triton kernel keeps its Python function in .fn
-        obj = obj.fn
+    if not (inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isroutine(obj)) and hasattr(obj, "fn"):
+        obj = obj.fn  # a Triton kernel: a JITFunction object, which keeps its Python function in .fn
     lines = inspect.getsource(obj).splitlines()
     name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
     if start is not None:
