@@ -223,7 +223,7 @@ def print_source(obj, *, start: str | None = None, stop: str | None = None,
     what it prints is what the package does now (tests/test_notebook_sources.py checks that the
     committed printouts still match). Part of it only:
 
-        print_source(ModelRunner.pack, start="one host-to-device copy", stop=".split(")
+        print_source(ModelRunner.pack, start="one host-to-device copy", stop="flat = host.to(")
         print_source(LLMEngine.from_config, lines_with=("block_size", "enable_paged_kv"))
 
     - `start`: from the first line that contains it (default: the first line);
