@@ -20,10 +20,15 @@ the process may use 15 GiB (`torch.cuda.set_per_process_memory_fraction`), fp16,
 launch settings (`MINIVLLM_KERNEL_CAPABILITY=7.5`), and the model a 15 GiB card gets.
 
 The line `minivllm-env: {json}` is printed so that every executed notebook records what ran it: the
-commit, the versions, the GPU. Notebooks run from one commit show the same line.
+commit, the versions, the GPU. Notebooks run from one commit show the same line. Its "dirty" field says
+whether the checkout had uncommitted changes to what a notebook runs (the packages, a notebook's code
+cells): then the commit does not name the code that ran. On a machine that got a copy of the tree without
+its own .git, MINIVLLM_COMMIT names the commit and MINIVLLM_DIRTY=1 or 0 says whether the copy had such
+changes (unset: unknown, null). tests/test_notebook_provenance.py checks these lines.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -46,8 +51,8 @@ from .machine import (
 )
 
 # The notebooks import their helpers from here, those of `machine` too.
-__all__ = ["setup", "NotebookEnv", "choose_dtype", "choose_model", "figures_dir", "free_memory", "random_prompt",
-           "tiny_checkpoint"]
+__all__ = ["setup", "NotebookEnv", "choose_dtype", "choose_model", "figures_dir", "free_memory", "print_source",
+           "random_prompt", "tiny_checkpoint"]
 
 
 @dataclass
@@ -122,7 +127,7 @@ class NotebookEnv:
                   "device": self.device, "gpu": self.gpu, "capability": self.capability,
                   "memory_gib": None if self.memory_gib is None else round(self.memory_gib, 1),
                   "dtype": self.dtype, "model": self.label, "torch": self.versions.get("torch"),
-                  "triton": self.versions.get("triton")}
+                  "triton": self.versions.get("triton"), "dirty": self.versions.get("dirty")}
         if self.profile:
             fields["profile"] = self.profile
         return "minivllm-env: " + json.dumps(fields)
@@ -163,16 +168,93 @@ def _versions() -> dict:
     import triton
 
     from minivllm import __version__
+    versions = {"minivllm": __version__, "torch": torch.__version__, "triton": triton.__version__}
     repo = Path(__file__).resolve().parent.parent
     if os.environ.get("MINIVLLM_COMMIT"):  # a copy of a checkout whose .git is not its own (a GPU machine's)
-        return {"commit": os.environ["MINIVLLM_COMMIT"], "minivllm": __version__, "torch": torch.__version__,
-                "triton": triton.__version__}
+        dirty = {"1": True, "0": False}.get(os.environ.get("MINIVLLM_DIRTY", ""))  # unset: unknown
+        return {"commit": os.environ["MINIVLLM_COMMIT"], "dirty": dirty, **versions}
     try:
         commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None  # an installed package, not a checkout
-    return {"commit": commit, "minivllm": __version__, "torch": torch.__version__, "triton": triton.__version__}
+    return {"commit": commit, "dirty": tree_is_dirty(repo) if commit else None, **versions}
+
+
+# What a notebook's run depends on, in the checkout: a change here that is not committed means the
+# commit in the minivllm-env line does not name the code that ran.
+RUN_PATHS = ("minivllm", "minivllm_lab", "notebooks")
+
+
+def code_cell_sources(notebook_json: str) -> list[str]:
+    """The sources of a notebook's code cells, from the notebook file's text."""
+    return ["".join(cell["source"]) for cell in json.loads(notebook_json)["cells"] if cell["cell_type"] == "code"]
+
+
+def tree_is_dirty(repo: Path) -> bool | None:
+    """Whether the checkout differs from its HEAD in what a notebook runs: a file of the packages, or a
+    notebook's code cells (new files too). A notebook whose outputs only differ does not count: running a
+    series rewrites each notebook's outputs before the next one starts. None where git cannot tell."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        status = git("status", "--porcelain", "--untracked-files=all", "--", *RUN_PATHS)
+        if status.returncode != 0:
+            return None
+        for line in status.stdout.splitlines():
+            path = line[3:]
+            if not path.endswith(".ipynb") or "M" not in line[:2]:
+                return True  # a package file, or a notebook added, deleted or renamed
+            committed = git("show", f"HEAD:{path}")
+            if committed.returncode != 0 or (code_cell_sources(committed.stdout)
+                                             != code_cell_sources((repo / path).read_text())):
+                return True
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        return None
+    return False
+
+
+def print_source(obj, *, start: str | None = None, stop: str | None = None,
+                 lines_with: tuple[str, ...] | str | None = None) -> None:
+    """Print the package's current source of `obj`: a function, class, method, module or Triton kernel.
+
+    A notebook shows the engine's code through this call, never through a copy pasted into a cell, so
+    what it prints is what the package does now (tests/test_notebook_sources.py checks that the
+    committed printouts still match). Part of it only:
+
+        print_source(ModelRunner.pack, start="one host-to-device copy", stop="flat = host.to(")
+        print_source(LLMEngine.from_config, lines_with=("block_size", "enable_paged_kv"))
+
+    - `start`: from the first line that contains it (default: the first line);
+    - `stop`: to the first line from there that contains it, included (default: the last line);
+    - `lines_with`: then only the lines that contain one of these strings.
+
+    Lines keep their indentation, and a blank line follows, as after print(inspect.getsource(obj)).
+    A marker that matches no line raises ValueError: a cell must not silently print nothing after the
+    code it quotes has moved.
+    """
+    if not (inspect.ismodule(obj) or inspect.isclass(obj) or inspect.isroutine(obj)) and hasattr(obj, "fn"):
+        obj = obj.fn  # a Triton kernel: a JITFunction object, which keeps its Python function in .fn
+    lines = inspect.getsource(obj).splitlines()
+    name = getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
+    if start is not None:
+        lines = lines[_first_line_with(lines, start, name):]
+    if stop is not None:
+        lines = lines[:_first_line_with(lines, stop, name) + 1]
+    if lines_with is not None:
+        keys = (lines_with,) if isinstance(lines_with, str) else tuple(lines_with)
+        lines = [line for line in lines if any(key in line for key in keys)]
+        if not lines:
+            raise ValueError(f"no line of {name} contains any of {keys}")
+    print("\n".join(lines) + "\n")
+
+
+def _first_line_with(lines: list[str], marker: str, name: str) -> int:
+    for i, line in enumerate(lines):
+        if marker in line:
+            return i
+    raise ValueError(f"no line of {name} contains {marker!r}")
 
 
 def random_prompt(n: int, rng, vocab_size: int) -> list[int]:

