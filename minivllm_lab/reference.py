@@ -1,0 +1,135 @@
+"""The committed run's numbers, beside the reader's: "yours vs the H200", each column named by its hardware.
+
+The notebooks were executed on an NVIDIA H200 and their committed JSON (`figures/<name>.json`) holds that
+run's numbers. A reader runs them on another GPU or a laptop CPU, where every number differs. So a
+notebook's prose should not quote the H200's numbers as if they were the reader's: its sentences print
+this run's numbers, and the committed run's stand beside them as a labelled reference.
+
+    >>> ref = load_reference("00_baseline")   # first thing in the notebook: its own run overwrites the file
+    >>> print(ref.table([("output tok/s", summary["output_tok_s"], "summary.output_tok_s")], env.hardware))
+    metric        yours (CPU (AMD EPYC, 2 cores))   committed (NVIDIA H200)
+    output tok/s  4.1                               17.7
+
+Where the committed numbers come from: in a clone, the repository's `figures/` folder; where only the
+notebook was opened (Colab), the same file from the repository's raw URL (pyproject.toml's
+`[project.urls] Repository`, which the installed package's metadata also carries); offline, nothing,
+and the reference says so instead of failing the notebook.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MISSING = "n/a"  # what a table or a sentence shows where the committed run has no number
+
+
+def repository_url() -> str | None:
+    """pyproject.toml's [project.urls] Repository: from the clone, else from the installed package."""
+    pyproject = REPO_ROOT / "pyproject.toml"
+    if pyproject.exists():
+        return tomllib.loads(pyproject.read_text())["project"]["urls"]["Repository"]
+    try:
+        from importlib.metadata import PackageNotFoundError, metadata
+        for entry in metadata("minivllm").get_all("Project-URL") or []:  # "Repository, https://..."
+            label, _, url = entry.partition(",")
+            if label.strip() == "Repository":
+                return url.strip()
+    except PackageNotFoundError:
+        pass
+    return None
+
+
+def raw_url(name: str, repository: str | None = None, branch: str = "main") -> str | None:
+    """The committed `figures/<name>.json` on GitHub's raw server."""
+    repository = repository or repository_url()
+    if repository is None:
+        return None
+    path = repository.removeprefix("https://github.com/").removesuffix(".git").strip("/")
+    return f"https://raw.githubusercontent.com/{path}/{branch}/figures/{name}.json"
+
+
+@dataclass
+class Reference:
+    """One committed run: its JSON (None if it could not be had) and where it came from, or why not."""
+    name: str
+    data: dict | None
+    where: str
+
+    @property
+    def found(self) -> bool:
+        return self.data is not None
+
+    @property
+    def hardware(self) -> str:
+        """The committed run's hardware, as its JSON names it (most figures JSON have a "hardware" field)."""
+        if self.data is None:
+            return "committed run, not available"
+        return str(self.data.get("hardware") or "committed run, hardware not recorded")
+
+    def value(self, key):
+        """A number of the committed run by its path in the JSON ("summary.output_tok_s", "rows.0.tok_s"),
+        or a function of the JSON; None where the run is missing or has no such number."""
+        if self.data is None:
+            return None
+        if callable(key):
+            try:
+                return key(self.data)
+            except (KeyError, IndexError, TypeError, StopIteration):
+                return None
+        node = self.data
+        for part in key.split("."):
+            try:
+                node = node[int(part)] if isinstance(node, list) else node[part]
+            except (KeyError, IndexError, ValueError, TypeError):
+                return None
+        return node
+
+    def fmt(self, key, spec: str = ",.1f") -> str:
+        """The committed number formatted for a sentence, or "n/a": an f-string never fails on it."""
+        return _format(self.value(key), spec)
+
+    def table(self, rows, yours: str, spec: str = ",.1f") -> str:
+        """A small table, one row per (label, your value, key of the committed value); the columns are
+        named by their hardware. Returned as text, to print."""
+        header = ["metric", f"yours ({yours})", f"committed ({self.hardware})"]
+        lines = [[label, _format(mine, spec), self.fmt(key, spec)] for label, mine, key in rows]
+        widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]
+        text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+                for line in [header, *lines]]
+        if not self.found:
+            text.append(f"(no committed numbers: {self.where})")
+        return "\n".join(text)
+
+    def __str__(self) -> str:
+        state = f"the committed run on {self.hardware}" if self.found else "no committed run"
+        return f"reference {self.name}: {state} ({self.where})"
+
+
+def load_reference(name: str, figures: Path | None = None, url: str | None = None,
+                   timeout_s: float = 5.0) -> Reference:
+    """The committed `figures/<name>.json`: read it from `figures` (default: the clone's figures/ folder),
+    or fetch it from `url` (default: the repository's raw URL); never raises."""
+    folder = Path(figures) if figures is not None else REPO_ROOT / "figures"
+    path = folder / f"{name}.json"
+    if path.exists():
+        return Reference(name, json.loads(path.read_text()), str(path))
+    url = url or raw_url(name)
+    if url is None:
+        return Reference(name, None, f"{path} is missing and the repository's URL is unknown")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return Reference(name, json.loads(response.read().decode()), url)
+    except (OSError, ValueError) as error:  # offline, 404, or not JSON: the notebook goes on without it
+        return Reference(name, None, f"offline or not found: {url} ({type(error).__name__})")
+
+
+def _format(value, spec: str) -> str:
+    if value is None:
+        return MISSING
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(value, spec)
+    return str(value)
