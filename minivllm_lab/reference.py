@@ -93,10 +93,13 @@ class Reference:
         return _format(self.value(key), spec)
 
     def table(self, rows, yours: str, spec: str = ",.1f") -> str:
-        """A small table, one row per (label, your value, key of the committed value); the columns are
-        named by their hardware. Returned as text, to print."""
+        """A small table, one row per (label, your value, key of the committed value[, format]); the
+        columns are named by their hardware. Returned as text, to print."""
         header = ["metric", f"yours ({yours})", f"committed ({self.hardware})"]
-        lines = [[label, _format(mine, spec), self.fmt(key, spec)] for label, mine, key in rows]
+        lines = []
+        for label, mine, key, *row_spec in rows:  # a row's own format (".0%") wins over the table's
+            fmt = row_spec[0] if row_spec else spec
+            lines.append([label, _format(mine, fmt), self.fmt(key, fmt)])
         widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]
         text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
                 for line in [header, *lines]]

@@ -17,10 +17,12 @@ def test_a_committed_file_is_read_with_its_hardware(tmp_path):
     assert ref.value("rows.0.tok_s") == 8763.45
     assert ref.value(lambda d: d["rows"][0]["tok_s"] / 2) == 8763.45 / 2
     assert ref.value("summary.missing") is None and ref.fmt("rows.5.tok_s") == "n/a"
-    table = ref.table([("output tok/s", 4.25, "summary.output_tok_s")], yours="CPU (2 cores)")
-    header, row = table.splitlines()
+    table = ref.table([("output tok/s", 4.25, "summary.output_tok_s"),
+                       ("share", 0.5, lambda d: d["summary"]["output_tok_s"] / 177, ".0%")], yours="CPU (2 cores)")
+    header, row, share = table.splitlines()
     assert "yours (CPU (2 cores))" in header and "committed (NVIDIA H200)" in header
     assert row.split() == ["output", "tok/s", "4.2", "17.7"]
+    assert share.split() == ["share", "50%", "10%"]
 
 
 def test_a_missing_file_is_fetched_from_the_url(tmp_path):
