@@ -72,21 +72,8 @@ class Reference:
 
     def value(self, key):
         """A number of the committed run by its path in the JSON ("summary.output_tok_s", "rows.0.tok_s"),
-        or a function of the JSON; None where the run is missing or has no such number."""
-        if self.data is None:
-            return None
-        if callable(key):
-            try:
-                return key(self.data)
-            except (KeyError, IndexError, TypeError, StopIteration):
-                return None
-        node = self.data
-        for part in key.split("."):
-            try:
-                node = node[int(part)] if isinstance(node, list) else node[part]
-            except (KeyError, IndexError, ValueError, TypeError):
-                return None
-        return node
+        or a function of the JSON (`pick`); None where the run is missing or has no such number."""
+        return None if self.data is None else lookup(self.data, key)
 
     def fmt(self, key, spec: str = ",.1f") -> str:
         """The committed number formatted for a sentence, or "n/a": an f-string never fails on it."""
@@ -106,6 +93,12 @@ class Reference:
         if not self.found:
             text.append(f"(no committed numbers: {self.where})")
         return "\n".join(text)
+
+    def beside(self, run: dict, rows, yours: str | None = None, spec: str = ",.1f") -> str:
+        """`table` for a run saved in the same form as the committed one (the notebook's own JSON, just
+        written): rows of (label, key[, format]), each key looked up in both runs."""
+        yours = yours or str(run.get("hardware", "this run"))
+        return self.table([(label, lookup(run, key), key, *rest) for label, key, *rest in rows], yours, spec)
 
     def __str__(self) -> str:
         state = f"the committed run on {self.hardware}" if self.found else "no committed run"
@@ -128,6 +121,32 @@ def load_reference(name: str, figures: Path | None = None, url: str | None = Non
             return Reference(name, json.loads(response.read().decode()), url)
     except (OSError, ValueError) as error:  # offline, 404, or not JSON: the notebook goes on without it
         return Reference(name, None, f"offline or not found: {url} ({type(error).__name__})")
+
+
+def lookup(data, key):
+    """`data`'s value at a dotted path ("a.b.0.c"), or `key(data)` for a function; None if absent."""
+    if callable(key):
+        try:
+            return key(data)
+        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, StopIteration):
+            return None
+    node = data
+    for part in key.split("."):
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            return None
+    return node
+
+
+def pick(rows: str, field: str, **match):
+    """A key for `value`, `beside` and `table`: `field` of the first row of the list at path `rows`
+    whose items equal `match` ("end_to_end.rows", "output_tok_s", path="KV cache"); rows differ in
+    number and order between machines, so they are found by what they are, not by their place."""
+    def find(data):
+        return next(row[field] for row in lookup(data, rows) if all(row.get(k) == v for k, v in match.items()))
+    find.__name__ = f"{rows}[{match}].{field}"
+    return find
 
 
 def _format(value, spec: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from minivllm_lab.reference import load_reference, raw_url
+from minivllm_lab.reference import load_reference, pick, raw_url
 
 RUN = {"hardware": "NVIDIA H200", "summary": {"output_tok_s": 17.699}, "rows": [{"tok_s": 8763.45}]}
 
@@ -50,3 +50,14 @@ def test_the_raw_url_comes_from_the_repository_url():
     assert raw_url("06_x", "https://github.com/owner/repo") == \
         "https://raw.githubusercontent.com/owner/repo/main/figures/06_x.json"
     assert raw_url("06_x").endswith("/main/figures/06_x.json")  # pyproject.toml's [project.urls] Repository
+
+
+def test_beside_looks_up_the_same_keys_in_both_runs(tmp_path):
+    (tmp_path / "r.json").write_text(json.dumps({"hardware": "NVIDIA H200", "rows": [
+        {"engine": "a", "tok_s": 10.0}, {"engine": "b", "tok_s": 1000.0}]}))
+    ref = load_reference("r", figures=tmp_path)
+    mine = {"hardware": "CPU (2 cores)", "rows": [{"engine": "b", "tok_s": 5.0}]}  # fewer rows, another order
+    text = ref.beside(mine, [("b", pick("rows", "tok_s", engine="b")), ("a", pick("rows", "tok_s", engine="a"))])
+    header, b, a = text.splitlines()
+    assert "yours (CPU (2 cores))" in header and "committed (NVIDIA H200)" in header
+    assert b.split() == ["b", "5.0", "1,000.0"] and a.split() == ["a", "n/a", "10.0"]
