@@ -135,7 +135,7 @@ def test_inline_swiglu_and_decoder_layer(nb01, tiny):
 def test_timed_generate_matches_the_baseline(tiny):
     from minivllm_lab.baselines import hf_generate_sequential
     _, _, hf_model = tiny
-    nb00 = notebook_definitions("00_baseline_and_metrics.ipynb", RequestOutput=RequestOutput,
+    nb00 = notebook_definitions("00_baseline_and_metrics.ipynb", constants=constants, RequestOutput=RequestOutput,
                                 RequestMetrics=RequestMetrics, CompletionOutput=CompletionOutput)
     prompt = [5, 17, 42, 99, 3]
     out, times = nb00["timed_generate"](hf_model, prompt, 6)
