@@ -117,10 +117,12 @@ H200_SOURCES = [
      "notebook 06: w1.rows[engine='transformers static batch'] (notebook 04's own benchmark is not W1)"),
     ("05 minivllm, KV cache in contiguous rows", "05_paged_kv.json",
      lambda d: _row("cache", "contiguous (1024-token rows)")(d["benchmark"]),
-     "notebook 05: benchmark[cache='contiguous (1024-token rows)'] (a 2.25 GiB pool as 18 rows of 1024 tokens: 18 run at once)"),
+     "notebook 05: benchmark[cache='contiguous (1024-token rows)'] "
+     "(a 2.25 GiB pool as 18 rows of 1024 tokens: 18 run at once)"),
     ("05 minivllm, KV cache in 16-token blocks (same memory)", "05_paged_kv.json",
      lambda d: _row("cache", "paged (16-token blocks)")(d["benchmark"]),
-     "notebook 05: benchmark[cache='paged (16-token blocks)'] (the same 2.25 GiB as 1152 blocks of 16: all 60 at once)"),
+     "notebook 05: benchmark[cache='paged (16-token blocks)'] "
+     "(the same 2.25 GiB as 1152 blocks of 16: all 60 at once)"),
     ("06 minivllm, static batching (contiguous KV)", "06_continuous_batching.json",
      lambda d: _row("engine", "minivllm static + contiguous")(d["w1"]),
      "notebook 06: w1.rows[engine='minivllm static + contiguous']"),
