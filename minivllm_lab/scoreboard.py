@@ -71,7 +71,7 @@ def draw(board: dict, png: Path) -> Path:
     machines = sorted({e["hardware"] for e in board["entries"]}, key=lambda h: (h != REFERENCE_HARDWARE, h))
     by_key = {(e["step"], e["hardware"]): e["tok_s"] for e in board["entries"]}
     height = 0.8 / max(len(machines), 1)
-    fig, ax = plt.subplots(figsize=(10, 0.9 + 0.45 * max(len(steps), 1) * max(len(machines), 1) ** 0.5))
+    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.45 * max(len(steps), 1) * max(len(machines), 1) ** 0.5))
     colors = ["0.6", "tab:orange", "tab:blue", "tab:green", "tab:purple"]
     for m, machine in enumerate(machines):
         ys = [s - 0.4 + height * (m + 0.5) for s, step in enumerate(steps) if (step, machine) in by_key]
@@ -84,10 +84,14 @@ def draw(board: dict, png: Path) -> Path:
     ax.invert_yaxis()  # the series from the top down
     ax.set_xscale("log")
     ax.set_xlabel("output tokens per second (log scale)")
-    ax.set_title(f"The scoreboard: output tokens per second on the same workload\n{board.get('workload', WORKLOAD)}")
+    ax.set_title(f"The scoreboard: output tokens per second on the same workload\n{board.get('workload', WORKLOAD)}",
+                 fontsize=10)
     ax.margins(x=0.15)
     if machines:
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="upper right", fontsize=8)  # the top rows are the shortest bars: room for it there
+    # A reader's machine may run smaller sizes of W1 (a CPU does): each entry's source in the JSON says which.
+    fig.text(0.99, 0.005, "each bar's source and sizes: scoreboard.json", ha="right", va="bottom", fontsize=7,
+             color="0.4")
     fig.tight_layout()
     png = Path(png)
     fig.savefig(png, dpi=120)
@@ -112,7 +116,7 @@ H200_SOURCES = [
     ("02 minivllm's model, all 60 at once, no KV cache (recompute)", "bench_w1_engine.json",
      _row("engine", "minivllm recompute (no cache)"),
      "bench CLI, 2026-11-29 engine (torch attention, eager): rows[engine='minivllm recompute (no cache)']"),
-    ("04 transformers, static batch of 60", "06_continuous_batching.json",
+    ("04 transformers, one static batch of all requests", "06_continuous_batching.json",
      lambda d: _row("engine", "transformers static batch")(d["w1"]),
      "notebook 06: w1.rows[engine='transformers static batch'] (notebook 04's own benchmark is not W1)"),
     ("05 minivllm, KV cache in contiguous rows", "05_paged_kv.json",
