@@ -3,7 +3,7 @@
 - `recompute_generate`: minivllm's own model with no KV cache at all: every step runs the
   whole sequence again, so step t costs O(t) tokens of compute (notebook 02's "before").
 - `hf_generate_sequential`: Hugging Face `generate()` one request at a time: what the
-  post that started this project measured (17-18 tok/s on an A100).
+  post that started this project measured (17-18 tok/s on an A100; `constants.POST_HF_TOK_S_RANGE`).
 - `hf_generate_static_batch`: Hugging Face `generate()` on padded batches: all requests of a
   batch start together and the batch runs until its longest answer is done.
 - `hf_generate_continuous`: transformers' own continuous batching (`generate_batch`).

@@ -22,8 +22,10 @@ from minivllm.attention import NoCacheMetadata, torch_ref
 from minivllm.layers.basic import RMSNorm, RotaryEmbedding
 from minivllm.models.loader import build_model, resolve_model
 from minivllm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minivllm_lab import constants
 from minivllm_lab.bench import roofline
 from minivllm_lab.bench.metrics import summarize
+from minivllm_lab.bench.serve_stats import READING_SPEED_SLO
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -59,10 +61,13 @@ def tiny(tiny_llama):
 # ---- notebook 00: the arithmetic of the opening --------------------------------------------
 
 def test_reading_speed_and_the_1000_customers():
-    reading_tok_s = 240 / 60 * 1.3
-    assert reading_tok_s == pytest.approx(5.2)
-    assert 1000 * 150 / 17.5 / 3600 == pytest.approx(2.38, abs=0.01)  # hours for the last customer
-    assert 1000 * reading_tok_s / 17.5 == pytest.approx(297, abs=1)   # "300 times too low"
+    reading_tok_s = constants.reading_tok_s()  # 240 words a minute at 4/3 tokens per word
+    assert reading_tok_s == pytest.approx(5.33, abs=0.01)
+    assert 1 / reading_tok_s == pytest.approx(READING_SPEED_SLO["tpot_s"], abs=0.005)  # the serving SLO agrees
+    customers, rate = constants.POST_CUSTOMERS, constants.POST_HF_TOK_S
+    assert (customers, rate) == (1000, 17.5)
+    assert customers * 150 / rate / 3600 == pytest.approx(2.38, abs=0.01)  # hours for the last customer
+    assert customers * reading_tok_s / rate == pytest.approx(305, abs=1)   # "300 times too low"
 
 
 def test_batch1_roofline_with_the_recorded_h200_rates():
@@ -130,7 +135,7 @@ def test_inline_swiglu_and_decoder_layer(nb01, tiny):
 def test_timed_generate_matches_the_baseline(tiny):
     from minivllm_lab.baselines import hf_generate_sequential
     _, _, hf_model = tiny
-    nb00 = notebook_definitions("00_baseline_and_metrics.ipynb", RequestOutput=RequestOutput,
+    nb00 = notebook_definitions("00_baseline_and_metrics.ipynb", constants=constants, RequestOutput=RequestOutput,
                                 RequestMetrics=RequestMetrics, CompletionOutput=CompletionOutput)
     prompt = [5, 17, 42, 99, 3]
     out, times = nb00["timed_generate"](hf_model, prompt, 6)

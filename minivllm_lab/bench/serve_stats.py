@@ -7,7 +7,8 @@ vLLM's ``benchmark_serving.py`` does, plus goodput: the requests per second that
 
 The SLO here is reading speed: a first token within 1 s, then tokens at least as fast as people
 read. 240 words a minute is 4 words/s, about 5.3 tokens/s at ~1.33 tokens per English word, so one
-token every 190 ms; a faster stream is not noticed, a slower one makes the reader wait.
+token every 190 ms; a faster stream is not noticed, a slower one makes the reader wait. (The post's
+reading speed and the tokens per word are `minivllm_lab.constants`; 1 / `reading_tok_s()` is 0.1875 s.)
 
     arrival_times(4, rate=2.0, burstiness=1.0, seed=0)   # [0.0, 0.6..., ...] seconds
     row = summarize_requests(results, duration_s=12.5, slo=READING_SPEED_SLO)

@@ -26,6 +26,9 @@ Example::
 import random
 from dataclasses import dataclass, replace
 
+# The post's numbers (minivllm_lab.constants): its batch of 60 queries, 150-token answers, 1000 customers.
+from ..constants import ANSWER_TOKENS, POST_CUSTOMERS, POST_VLLM_BATCH
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -64,10 +67,10 @@ def _check_range(name: str, low: int, high: int) -> None:
 
 def w1(
     vocab_size: int,
-    num_requests: int = 60,
+    num_requests: int = POST_VLLM_BATCH,
     min_prompt: int = 16,
     max_prompt: int = 256,
-    output_len: int = 150,
+    output_len: int = ANSWER_TOKENS,
     seed: int = 0,
 ) -> Workload:
     """W1, the post's 60 queries: prompt lengths uniform in [min_prompt, max_prompt], output_len tokens each.
@@ -120,11 +123,11 @@ def w2(
 
 def w3(
     vocab_size: int,
-    num_requests: int = 1000,
+    num_requests: int = POST_CUSTOMERS,
     system_len: int = 128,
     min_user: int = 16,
     max_user: int = 256,
-    output_len: int = 150,
+    output_len: int = ANSWER_TOKENS,
     seed: int = 0,
 ) -> Workload:
     """Serving the post's 1000 customers: every prompt is one shared system prompt of ``system_len``

@@ -1,0 +1,191 @@
+"""The scoreboard: one chart of the series' climb on one workload, W1, from transformers one request at a
+time to the whole engine.
+
+Each notebook measures its own step on its own workload, so the steps' gains are hard to put side by
+side. The scoreboard keeps one number per step: output tokens per second on W1 (the post's experiment:
+60 requests, prompts of 16-256 tokens, 150 output tokens each; `minivllm_lab.bench.workloads.w1`). The
+notebooks that measure W1 add their step's number at the end, keyed by step and hardware, and the chart
+is drawn again: the committed H200 run's bars, and beside them the reader's ("yours") once a notebook
+has run on the reader's machine.
+
+    >>> from minivllm_lab import scoreboard
+    >>> scoreboard.add(step="06 minivllm, continuous batching", tok_s=8763.5, hardware=env.hardware,
+    ...                source="notebook 06", model=env.label)
+    PosixPath('.../figures/scoreboard.png')
+
+A step with no measured W1 number has no bar: the bars are measurements, never estimates. The committed
+H200 bars are built from the committed figures JSON by `committed_h200_entries` (each entry names the
+file and the key its number comes from): `python -m minivllm_lab.scoreboard --rebuild`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+WORKLOAD = "W1: 60 requests, prompts of 16-256 tokens, 150 output tokens each"
+REFERENCE_HARDWARE = "NVIDIA H200"  # the committed run's hardware: its bars are drawn first, in grey
+
+
+def scoreboard_path() -> Path:
+    """Where a notebook's run writes the scoreboard: the figures folder of this machine's runs."""
+    from .machine import figures_dir
+    return figures_dir() / "scoreboard.json"
+
+
+def load(path: Path) -> dict:
+    """The scoreboard at `path`; a new one starts from the committed scoreboard (so the H200 bars are
+    there on a reader's first run), or empty where that cannot be had."""
+    path = Path(path)
+    if path.exists():
+        return json.loads(path.read_text())
+    from .reference import load_reference
+    committed = load_reference("scoreboard")
+    if committed.found and path.resolve() != Path(committed.where).resolve():
+        return committed.data
+    return {"workload": WORKLOAD, "metric": "output tok/s", "entries": []}
+
+
+def add(step: str, tok_s: float, hardware: str, source: str = "", model: str = "",
+        path: Path | None = None, draw_png: bool = True) -> Path:
+    """Record `step`'s W1 output tok/s on `hardware` (replacing that step's earlier number on the same
+    hardware), save the JSON and redraw the chart; returns the chart's path (the JSON's without a chart)."""
+    path = Path(path) if path is not None else scoreboard_path()
+    board = load(path)
+    entries = [e for e in board["entries"] if (e["step"], e["hardware"]) != (step, hardware)]
+    entries.append({"step": step, "hardware": hardware, "tok_s": float(tok_s), "model": model, "source": source})
+    board["entries"] = sorted(entries, key=lambda e: (_series_order(e["step"]), e["hardware"] != REFERENCE_HARDWARE))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(board, indent=1) + "\n")
+    return draw(board, path.with_suffix(".png")) if draw_png else path
+
+
+def draw(board: dict, png: Path) -> Path:
+    """Horizontal bars, one row per step in the series' order (the steps' names start with their
+    notebook's number), one bar per hardware; a log scale, since the climb spans three orders of magnitude."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed: the chart goes to a file
+    import matplotlib.pyplot as plt
+
+    steps = sorted({e["step"] for e in board["entries"]}, key=_series_order)
+    machines = sorted({e["hardware"] for e in board["entries"]}, key=lambda h: (h != REFERENCE_HARDWARE, h))
+    by_key = {(e["step"], e["hardware"]): e["tok_s"] for e in board["entries"]}
+    height = 0.8 / max(len(machines), 1)
+    fig, ax = plt.subplots(figsize=(11, 0.9 + 0.45 * max(len(steps), 1) * max(len(machines), 1) ** 0.5))
+    colors = ["0.6", "tab:orange", "tab:blue", "tab:green", "tab:purple"]
+    for m, machine in enumerate(machines):
+        ys = [s - 0.4 + height * (m + 0.5) for s, step in enumerate(steps) if (step, machine) in by_key]
+        values = [by_key[step, machine] for step in steps if (step, machine) in by_key]
+        label = f"{machine} (committed)" if machine == REFERENCE_HARDWARE else f"{machine} (yours)"
+        ax.barh(ys, values, height=height * 0.95, color=colors[m % len(colors)], label=label)
+        for y, value in zip(ys, values):
+            ax.text(value * 1.05, y, f"{value:,.0f}" if value >= 100 else f"{value:.1f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(steps)), steps)
+    ax.invert_yaxis()  # the series from the top down
+    ax.set_xscale("log")
+    ax.set_xlabel("output tokens per second (log scale)")
+    ax.set_title(f"The scoreboard: output tokens per second on the same workload\n{board.get('workload', WORKLOAD)}",
+                 fontsize=10)
+    ax.margins(x=0.15)
+    if machines:
+        ax.legend(loc="upper right", fontsize=8)  # the top rows are the shortest bars: room for it there
+    # A reader's machine may run smaller sizes of W1 (a CPU does): each entry's source in the JSON says which.
+    fig.text(0.99, 0.005, "each bar's source and sizes: scoreboard.json", ha="right", va="bottom", fontsize=7,
+             color="0.4")
+    fig.tight_layout()
+    png = Path(png)
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return png
+
+
+# ---- The committed H200 bars -------------------------------------------------------------------------
+# (step, file in figures/, how to find the number in it, what the number is). Only numbers that are W1 on
+# the H200; W1's 60 requests are served one at a time at the rate of any few of them, so the first
+# requests measure "one at a time".
+def _row(key: str, value: str, field: str = "output_tok_s"):
+    def find(data):
+        rows = data if isinstance(data, list) else data["rows"]
+        return next(r[field] for r in rows if r[key] == value)
+    return find
+
+
+H200_SOURCES = [
+    ("00 transformers, one request at a time", "00_baseline.json", lambda d: d["summary"]["output_tok_s"],
+     "notebook 00: summary.output_tok_s (HF generate, the first 3 requests of W1 one after another)"),
+    ("02 minivllm's model, all 60 at once, no KV cache (recompute)", "bench_w1_engine.json",
+     _row("engine", "minivllm recompute (no cache)"),
+     "bench CLI, 2026-11-29 engine (torch attention, eager): rows[engine='minivllm recompute (no cache)']"),
+    ("04 transformers, one static batch of all requests", "06_continuous_batching.json",
+     lambda d: _row("engine", "transformers static batch")(d["w1"]),
+     "notebook 06: w1.rows[engine='transformers static batch'] (notebook 04's own benchmark is not W1)"),
+    ("05 minivllm, KV cache in contiguous rows", "05_paged_kv.json",
+     lambda d: _row("cache", "contiguous (1024-token rows)")(d["benchmark"]),
+     "notebook 05: benchmark[cache='contiguous (1024-token rows)'] "
+     "(a 2.25 GiB pool as 18 rows of 1024 tokens: 18 run at once)"),
+    ("05 minivllm, KV cache in 16-token blocks (same memory)", "05_paged_kv.json",
+     lambda d: _row("cache", "paged (16-token blocks)")(d["benchmark"]),
+     "notebook 05: benchmark[cache='paged (16-token blocks)'] "
+     "(the same 2.25 GiB as 1152 blocks of 16: all 60 at once)"),
+    ("06 minivllm, static batching (contiguous KV)", "06_continuous_batching.json",
+     lambda d: _row("engine", "minivllm static + contiguous")(d["w1"]),
+     "notebook 06: w1.rows[engine='minivllm static + contiguous']"),
+    ("06 minivllm, continuous batching (paged KV)", "06_continuous_batching.json",
+     lambda d: _row("engine", "minivllm (paged + continuous)")(d["w1"]),
+     "notebook 06: w1.rows[engine='minivllm (paged + continuous)']"),
+    ("06 transformers' own continuous batching", "bench_w1.json", _row("engine", "transformers continuous batching"),
+     "bench CLI, final engine (README's Numbers): rows[engine='transformers continuous batching']"),
+    ("10 whole engine but torch attention (no Triton kernels)", "bench_w1.json",
+     _row("engine", "minivllm, no Triton kernels (torch attention)"),
+     "bench CLI ablation: rows[engine='minivllm, no Triton kernels (torch attention)']"),
+    ("11 whole engine but eager (no CUDA graphs)", "bench_w1.json", _row("engine", "minivllm, no CUDA graphs (eager)"),
+     "bench CLI ablation: rows[engine='minivllm, no CUDA graphs (eager)']"),
+    ("12 whole engine but no CPU/GPU overlap", "bench_w1.json",
+     _row("engine", "minivllm, no overlap (async_scheduling=False)"),
+     "bench CLI ablation: rows[engine='minivllm, no overlap (async_scheduling=False)']"),
+    ("12+ the whole engine (every step on)", "bench_w1.json", _row("engine", "minivllm"),
+     "bench CLI, final engine (README's Numbers): rows[engine='minivllm']"),
+]
+
+
+def _series_order(step: str) -> tuple:
+    """Steps by their notebook's number, then in the order of H200_SOURCES (the "before" of a notebook
+    above its "after"), then by name."""
+    known = [source[0] for source in H200_SOURCES]
+    return step.split()[0], known.index(step) if step in known else len(known), step
+
+
+def committed_h200_entries(figures: Path) -> list[dict]:
+    """The H200 bars from the committed figures JSON, each with its source; a file that is missing,
+    or not from the H200, gives no bar."""
+    entries = []
+    for step, name, find, what in H200_SOURCES:
+        path = Path(figures) / name
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        if not str(data.get("hardware", "")).startswith(REFERENCE_HARDWARE):
+            continue
+        entries.append({"step": step, "hardware": REFERENCE_HARDWARE, "tok_s": float(find(data)),
+                        "model": str(data.get("model", "")), "source": f"figures/{name}: {what}"})
+    return entries
+
+
+def rebuild(figures: Path) -> Path:
+    """figures/scoreboard.json and .png from the committed H200 numbers alone."""
+    board = {"workload": WORKLOAD, "metric": "output tok/s",
+             "note": "H200 bars: the committed figures JSON (each entry's source); a notebook run adds its "
+                     "machine's bars (minivllm_lab.scoreboard.add)",
+             "entries": committed_h200_entries(figures)}
+    path = Path(figures) / "scoreboard.json"
+    path.write_text(json.dumps(board, indent=1) + "\n")
+    return draw(board, path.with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rebuild", action="store_true", help="rebuild figures/scoreboard.* from the committed JSON")
+    parser.add_argument("--figures", type=Path, default=Path(__file__).resolve().parent.parent / "figures")
+    args = parser.parse_args()
+    if args.rebuild:
+        print(rebuild(args.figures))

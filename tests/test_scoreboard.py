@@ -1,0 +1,50 @@
+"""The scoreboard (minivllm_lab.scoreboard) in a temporary folder: a step added, added again on the same
+hardware (it replaces), on other hardware (it joins), the chart drawn; and the committed H200 bars."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from minivllm_lab import scoreboard
+
+FIGURES = Path(__file__).resolve().parent.parent / "figures"
+
+
+def test_add_overwrite_and_draw(tmp_path, monkeypatch):
+    # A new scoreboard starts from the committed one; here, from none.
+    monkeypatch.setattr("minivllm_lab.reference.REPO_ROOT", tmp_path / "no-clone")
+    monkeypatch.setattr("minivllm_lab.reference.raw_url", lambda name: None)
+    path = tmp_path / "scoreboard.json"
+    png = scoreboard.add("06 minivllm, continuous batching (paged KV)", 100.0, "CPU (2 cores)", path=path)
+    assert png == tmp_path / "scoreboard.png" and png.stat().st_size > 0
+    scoreboard.add("00 transformers, one request at a time", 2.5, "CPU (2 cores)", path=path)
+    scoreboard.add("06 minivllm, continuous batching (paged KV)", 120.0, "CPU (2 cores)", source="run 2", path=path)
+    scoreboard.add("06 minivllm, continuous batching (paged KV)", 8763.5, "NVIDIA H200", path=path)
+    entries = json.loads(path.read_text())["entries"]
+    assert [(e["step"][:2], e["hardware"], e["tok_s"]) for e in entries] == [
+        ("00", "CPU (2 cores)", 2.5), ("06", "NVIDIA H200", 8763.5), ("06", "CPU (2 cores)", 120.0)]
+    assert entries[2]["source"] == "run 2"  # the second number replaced the first
+
+
+def test_a_new_scoreboard_starts_from_the_committed_one(tmp_path):
+    path = tmp_path / "scoreboard.json"
+    scoreboard.add("06 minivllm, continuous batching (paged KV)", 50.0, "CPU (2 cores)", path=path, draw_png=False)
+    entries = json.loads(path.read_text())["entries"]
+    assert any(e["hardware"] == "NVIDIA H200" for e in entries)
+    assert any(e["hardware"] == "CPU (2 cores)" for e in entries)
+
+
+def test_the_committed_h200_bars_are_the_committed_json():
+    committed = json.loads((FIGURES / "scoreboard.json").read_text())["entries"]
+    rebuilt = scoreboard.committed_h200_entries(FIGURES)
+    h200 = [e for e in committed if e["hardware"] == "NVIDIA H200"]
+    assert [(e["step"], e["tok_s"]) for e in h200] == [(e["step"], e["tok_s"]) for e in rebuilt]
+    by_step = {e["step"]: e for e in rebuilt}
+    assert by_step["00 transformers, one request at a time"]["tok_s"] < 20
+    assert by_step["12+ the whole engine (every step on)"]["tok_s"] > 8000
+    assert all(e["source"].startswith("figures/") for e in rebuilt)
+
+
+def test_a_file_not_from_the_h200_gives_no_bar(tmp_path):
+    (tmp_path / "00_baseline.json").write_text(json.dumps({"hardware": "CPU", "summary": {"output_tok_s": 3.0}}))
+    assert scoreboard.committed_h200_entries(tmp_path) == []
