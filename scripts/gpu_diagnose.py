@@ -30,6 +30,8 @@ import torch
 from minivllm import LLM, SamplingParams, StructuredOutputsParams
 from minivllm.models.presets import MISTRAL_7B_CONFIG
 from minivllm_lab.bench import structured
+from minivllm_lab.bench.kernels import store_kv_launch_cost
+from minivllm_lab.bench.profile import launch_count
 
 SCHEMA_400 = structured.LONG_STRING
 ARRAY_400 = {"type": "array", "items": {"type": "string", "minLength": 400}, "minItems": 12}
@@ -138,9 +140,7 @@ def structured_part(folder: Path) -> dict:
     return {"per_step": rows, "w1": w1}
 
 
-def profile(fn, repeats: int = 20) -> dict:
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
+def wall_ms(fn, repeats: int = 20) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -150,18 +150,7 @@ def profile(fn, repeats: int = 20) -> dict:
         fn()
         torch.cuda.synchronize()
         walls.append((time.perf_counter() - start) * 1e3)
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    events = prof.key_averages()
-    kernels = [e for e in events if e.device_type.name == "CUDA"]
-    syncs = {e.key: e.count for e in events if any(s in e.key for s in ("Synchronize", "cudaMemcpy", "item",
-                                                                        "_local_scalar_dense", "nonzero"))}
-    top_cpu = sorted(((e.key, round(e.self_cpu_time_total / 1e3, 3), e.count) for e in events
-                      if e.device_type.name == "CPU"), key=lambda r: -r[1])[:12]
-    return {"wall_ms": round(statistics.median(walls), 3),
-            "gpu_kernel_ms": round(sum(e.self_device_time_total for e in kernels) / 1e3, 3),
-            "kernel_launches": sum(e.count for e in kernels), "syncs_and_copies": syncs, "top_self_cpu_ms": top_cpu}
+    return round(statistics.median(walls), 3)
 
 
 def forward_t1_part() -> dict:
@@ -176,7 +165,7 @@ def forward_t1_part() -> dict:
         with torch.inference_mode():
             meta = NoCacheMetadata(torch.tensor([0, 1], device="cuda", dtype=torch.int32), 1)
             model.compute_logits(model(ids, torch.arange(1, device="cuda"), meta))
-    result = {"minivllm": profile(ours)}
+    result = {"minivllm": {"wall_ms": wall_ms(ours), **launch_count(ours)}}
     model = None  # the 7B weights go before transformers' copy comes
     torch.cuda.empty_cache()
     hf = hf_model_for(source, "cuda", torch.bfloat16)
@@ -184,49 +173,10 @@ def forward_t1_part() -> dict:
     def theirs():
         with torch.inference_mode():
             hf(input_ids=ids[None], use_cache=False, logits_to_keep=1)
-    result["transformers"] = profile(theirs)
+    result["transformers"] = {"wall_ms": wall_ms(theirs), **launch_count(theirs)}
     hf = None
     torch.cuda.empty_cache()
     return result
-
-
-def store_kv_part() -> list[dict]:
-    from minivllm.attention import torch_ref
-    from minivllm.kernels import store_kv
-    hkv, d, blocks = 8, 128, 4096
-    k_cache = torch.zeros(blocks, 16, hkv, d, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.zeros_like(k_cache)
-    rows = []
-    for tokens in (1, 16, 64, 256, 1024):
-        k = torch.randn(tokens, hkv, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        slots = torch.randperm(blocks * 16, device="cuda")[:tokens]
-        for name, fn in (("triton", store_kv), ("torch", torch_ref.store_kv)):
-            def call():
-                fn(k, v, k_cache, v_cache, slots)
-            prof = profile(lambda: [call() for _ in range(100)], repeats=5)
-            graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            with torch.cuda.stream(stream):
-                call()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph):
-                for _ in range(100):
-                    call()
-            graph.replay()
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(10):
-                graph.replay()
-            torch.cuda.synchronize()
-            in_graph_us = (time.perf_counter() - start) / 1000 * 1e6
-            row = {"tokens": tokens, "impl": name, "eager_us_per_call": round(prof["wall_ms"] * 10, 2),
-                   "gpu_us_per_call": round(prof["gpu_kernel_ms"] * 10, 2),
-                   "kernels_per_call": prof["kernel_launches"] / 100,
-                   "in_cuda_graph_us_per_call": round(in_graph_us, 2)}
-            print(row, flush=True)
-            rows.append(row)
-    return rows
 
 
 def fill_part(tokenizer_dir: Path) -> list[dict]:
@@ -278,7 +228,7 @@ def main():
             elif part == "forward_t1":
                 result[part] = forward_t1_part()
             else:
-                result[part] = store_kv_part()
+                result[part] = store_kv_launch_cost()
         except Exception as e:  # one part failing must not lose the others' numbers
             result[part] = {"error": repr(e)}
             print(part, "failed:", repr(e), flush=True)

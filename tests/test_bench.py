@@ -191,3 +191,13 @@ def test_decode_step_times_refuse_a_batch_that_shrank(tiny_llama):
         decode_step_times_ms(llm, batch=2, context=20, steps=5)
     stats = llm.llm_engine.get_stats()
     assert stats["num_free_blocks"] == stats["num_total_blocks"]
+
+
+def test_launch_count_counts_the_operations_of_a_call():
+    import torch
+
+    from minivllm_lab.bench.profile import launch_count
+    x = torch.randn(8, 8)
+    one, three = launch_count(lambda: x @ x), launch_count(lambda: ((x @ x) @ x) @ x)
+    assert one["gpu_kernels"] is None and one["host_to_device_copies"] == 0   # (on a CPU)
+    assert dict(three["top_ops"])["mm"] == 3 * dict(one["top_ops"])["mm"] == 3

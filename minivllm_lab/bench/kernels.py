@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -276,3 +277,58 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
     main()
+
+
+def store_kv_launch_cost(tokens=(1, 16, 64, 256, 1024), calls: int = 100, num_kv_heads: int = 8,
+                         head_dim: int = 128, dtype=torch.bfloat16) -> list[dict]:
+    """The KV-cache store at decode sizes, the Triton kernel against torch's indexed copy, three ways (CUDA only):
+    - `eager_us`: time per call of `calls` calls back to back (the host launches each one: what a step without
+      CUDA graphs pays);
+    - `gpu_us`: the GPU time of its kernels alone (torch.profiler), per call;
+    - `graph_us`: time per call when the `calls` calls are captured in one CUDA graph and replayed (how the
+      engine's decode steps run it, notebook 11).
+    A single call timed between two CUDA events (the sweep above) measures the launch as much as the kernel."""
+    from minivllm.attention import torch_ref
+    from minivllm.kernels import store_kv
+
+    blocks = 4096
+    k_cache = torch.zeros(blocks, BLOCK, num_kv_heads, head_dim, device="cuda", dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    rows = []
+    for n in tokens:
+        k = torch.randn(n, num_kv_heads, head_dim, device="cuda", dtype=dtype)
+        v = torch.randn_like(k)
+        slots = torch.randperm(blocks * BLOCK, device="cuda")[:n]
+        for impl, store in (("triton", store_kv), ("torch", torch_ref.store_kv)):
+            def many():
+                for _ in range(calls):
+                    store(k, v, k_cache, v_cache, slots)
+            many()  # warm-up (Triton compiles here)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            many()
+            torch.cuda.synchronize()
+            eager_us = (time.perf_counter() - start) / calls * 1e6
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                many()
+                torch.cuda.synchronize()
+            gpu_us = sum(e.self_device_time_total for e in prof.key_averages()
+                         if e.device_type == torch.autograd.DeviceType.CUDA) / calls
+            graph = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                many()  # (a capture must follow a warm-up on a side stream)
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph):
+                many()
+            graph.replay()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(10):
+                graph.replay()
+            torch.cuda.synchronize()
+            graph_us = (time.perf_counter() - start) / (10 * calls) * 1e6
+            rows.append({"tokens": n, "impl": impl, "eager_us": round(eager_us, 2), "gpu_us": round(gpu_us, 2),
+                         "graph_us": round(graph_us, 2)})
+    return rows
