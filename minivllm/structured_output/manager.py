@@ -28,6 +28,7 @@ import torch
 from ..structured_outputs_params import StructuredOutputsParams
 from .bitmask import GrammarBitmask
 
+PARALLEL_FILL_MIN_ROWS = 128  # from this many constrained rows on, the bitmask is filled on several threads
 MAX_CACHED_GRAMMARS = 256  # compiled grammars kept (a server meets the same few schemas again and again)
 _XGRAMMAR_NOISE = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")  # "[16:06:29] file.cc:94: "
 
@@ -99,7 +100,7 @@ class StructuredOutputManager:
         self._load_tokenizer = load_tokenizer
         self.pin_memory = pin_memory                 # on a GPU: the bitmask's copy to the device does not block
         self._compiler = None
-        self._batch_matcher = None
+        self._serial_matcher = self._parallel_matcher = None
         self.compiled: dict[tuple[str, str], object] = {}  # by StructuredOutputsParams.key, oldest first
         self.num_compilations = 0
 
@@ -115,10 +116,8 @@ class StructuredOutputManager:
             except (ValueError, RuntimeError) as e:
                 raise ValueError(f"structured outputs: xgrammar cannot use this model's tokenizer: {e}") from None
             self._compiler = xgr.GrammarCompiler(info, max_threads=torch.get_num_threads())
-            # One thread: on an H200's 16-core host, xgrammar's default (half the cores) took 3.8 ms for any batch
-            # from 16 to 256 rows, one thread 0.24 ms for 16 rows and 2.7 ms for 256: waking the threads costs
-            # more than the rows (figures/gpu_diagnose.json, "fill"; torch's own threads compete for the cores).
-            self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=1)
+            self._serial_matcher = xgr.BatchGrammarMatcher(max_threads=1)
+            self._parallel_matcher = xgr.BatchGrammarMatcher()  # half the machine's cores
         return self._compiler
 
     def compile(self, params: StructuredOutputsParams):
@@ -163,5 +162,10 @@ class StructuredOutputManager:
         words = (self.vocab_size + 31) // 32
         bitmask = torch.empty((len(rows), words), dtype=torch.int32, pin_memory=self.pin_memory)
         matchers = [seqs[i].grammar.matcher for i in rows]
-        self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask)  # in C++, without the GIL
+        # Threads pay off only for many rows: waking them costs more than a few rows. Measured inside the engine on
+        # an H200's 16-core host (Mistral-7B shape, a JSON schema on every request): 64 rows took 1.9 ms on 8
+        # threads (figures/gpu_diagnose_fill_8_threads.json), 0.9 ms on one (gpu_diagnose.json); 256 rows 1.45 ms
+        # on 8 threads (structured_outputs_gpu.json), 4.3 ms on one (..._fill_one_thread.json). vLLM's line: 128.
+        matcher = self._parallel_matcher if len(rows) >= PARALLEL_FILL_MIN_ROWS else self._serial_matcher
+        matcher.batch_fill_next_token_bitmask(matchers, bitmask)  # in C++, without the GIL
         return GrammarBitmask(rows, bitmask)
