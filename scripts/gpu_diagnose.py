@@ -217,7 +217,8 @@ def main():
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--parts", default="fill,store_kv,forward_t1,structured")
     args = p.parse_args()
-    result = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "torch": torch.__version__}
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    result = {"hardware": gpu, "gpu": gpu, "torch": torch.__version__}
     for part in args.parts.split(","):
         start = time.perf_counter()
         try:

@@ -98,10 +98,11 @@ def decode_step_profile(llm, batch: int, context: int, steps: int = 5, top: int 
 
 
 def launch_count(fn) -> dict:
-    """What one call of `fn` asks of the device, counted by torch.profiler: the GPU kernels it launched (None on
-    a CPU), the torch operations it ran (nested ones included: on a CPU each is roughly one kernel), its copies
-    from host to device and its waits for the GPU, and the operations it ran most often. When a call does
-    little arithmetic (a one-token forward), these counts, not its bytes, set its time."""
+    """What one call of `fn` asks of the device, counted by torch.profiler: the GPU kernels it launched and
+    their GPU time (None on a CPU), the torch operations it ran (nested ones included: on a CPU each is
+    roughly one kernel), its copies from host to device and its waits for the GPU, and the operations it ran
+    most often. When a call does little arithmetic (a one-token forward), these counts, not its bytes, set
+    its time."""
     on_gpu = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
     fn()  # warm-up: one-time work (allocations, autotuning) is not what a step repeats
@@ -111,8 +112,9 @@ def launch_count(fn) -> dict:
             torch.cuda.synchronize()
     events = prof.key_averages()
     ops = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: -e.count)
-    return {"gpu_kernels": sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-            if on_gpu else None,
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"gpu_kernels": sum(e.count for e in kernels) if on_gpu else None,
+            "gpu_ms": sum(e.self_device_time_total for e in kernels) / 1e3 if on_gpu else None,
             "torch_ops": sum(e.count for e in ops),
             "host_to_device_copies": sum(e.count for e in events if e.key == "cudaMemcpyAsync"),
             "gpu_waits": sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "aten::item",
