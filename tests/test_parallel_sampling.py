@@ -9,37 +9,17 @@ from test_engine import random_prompts
 
 from minivllm import LLM, SamplingParams
 from minivllm.core.block_manager import cdiv
+from minivllm_lab.bench import parallel_sampling
 
 P, T, BS = 37, 8, 8  # the prompt's last block is partial: the answers copy it when they first write
 
 
 def run(llm, prompts, params):
-    """Step the engine to the end; (final outputs by id, peak blocks in use, prompt tokens computed)."""
-    engine = llm.llm_engine
-    for i, (p, sp) in enumerate(zip(prompts, params)):
-        engine.add_request(str(i), p, sp)
-    outs, peak, prefill = {}, 0, 0
-    schedule = engine.scheduler.schedule
-
-    def counting_schedule():
-        nonlocal prefill
-        out = schedule()
-        prefill += sum(e.num_tokens for e in out.prefills)
-        return out
-
-    engine.scheduler.schedule = counting_schedule
-    try:
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    outs[out.request_id] = out
-            stats = engine.get_stats()
-            peak = max(peak, stats["num_total_blocks"] - stats["num_free_blocks"])
-    finally:
-        engine.scheduler.schedule = schedule
-    stats = engine.get_stats()
-    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not engine.requests
-    return [outs[str(i)] for i in range(len(prompts))], peak, prefill
+    """(final outputs, peak blocks in use, prompt tokens computed), and no block or request left behind."""
+    result = parallel_sampling.run(llm, prompts, params)
+    stats = llm.llm_engine.get_stats()
+    assert stats["num_free_blocks"] == stats["num_total_blocks"] and not llm.llm_engine.requests
+    return result["outputs"], result["peak_blocks"], result["prefill_tokens"]
 
 
 def sampled(seed, n=1, **kw):

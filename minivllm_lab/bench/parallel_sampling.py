@@ -29,12 +29,15 @@ from minivllm import LLM, SamplingParams
 from .metrics import format_table, hardware_name, median, save_json
 
 
-def run(llm: LLM, prompt: list[int], params: list[SamplingParams]) -> dict:
-    """Step the engine to the end; the answers' token ids, the peak blocks, the prompt tokens computed."""
+def run(llm: LLM, prompt: list[int] | list[list[int]], params: list[SamplingParams]) -> dict:
+    """Step the engine to the end: `prompt` for every request (or one prompt per request). Returns the final
+    outputs in request order, the answers' token ids (all answers, one list), the peak KV blocks in use, the
+    prompt tokens the model computed and the wall time."""
     engine = llm.llm_engine
-    for i, p in enumerate(params):
-        engine.add_request(f"r{i}", prompt, p)
-    schedule, prefill, peak, answers = engine.scheduler.schedule, 0, 0, {}
+    prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt] * len(params)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(f"r{i}", p, sp)
+    schedule, prefill, peak, outputs = engine.scheduler.schedule, 0, 0, {}
 
     def counting_schedule():
         nonlocal prefill
@@ -48,14 +51,15 @@ def run(llm: LLM, prompt: list[int], params: list[SamplingParams]) -> dict:
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:
-                    answers[out.request_id] = [c.token_ids for c in out.outputs]
+                    outputs[out.request_id] = out
             stats = engine.get_stats()
             peak = max(peak, stats["num_total_blocks"] - stats["num_free_blocks"])
     finally:
         engine.scheduler.schedule = schedule
     elapsed = time.perf_counter() - start
-    tokens = [t for i in range(len(params)) for t in answers[f"r{i}"]]
-    return {"peak_blocks": peak, "prefill_tokens": prefill, "time_s": elapsed, "answers": tokens}
+    ordered = [outputs[f"r{i}"] for i in range(len(params))]
+    return {"peak_blocks": peak, "prefill_tokens": prefill, "time_s": elapsed, "outputs": ordered,
+            "answers": [c.token_ids for out in ordered for c in out.outputs]}
 
 
 def parse_args(argv=None):
@@ -95,6 +99,8 @@ def main(argv=None) -> dict:
     for name, (_, params) in ways.items():
         timed = results[name][1:]
         answers[name] = [r.pop("answers") for r in timed]
+        for r in results[name]:
+            r.pop("outputs")
         rows.append({"way": name, **timed[0], "time_s": median([r["time_s"] for r in timed])})
     assert answers["n"] == answers["separate"] == answers["separate+cache"], "answer i must equal seed i alone"
     result = {"hardware": hardware_name(device), "model": args.model, "dtype": dtype, "device": device,
