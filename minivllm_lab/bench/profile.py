@@ -11,6 +11,7 @@ is what fused kernels and CUDA graphs remove.
 from __future__ import annotations
 
 import time
+import warnings
 from unittest import mock
 
 import torch
@@ -106,10 +107,12 @@ def launch_count(fn) -> dict:
     on_gpu = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
     fn()  # warm-up: one-time work (allocations, autotuning) is not what a step repeats
-    with torch.profiler.profile(activities=activities) as prof:
-        fn()
-        if on_gpu:
-            torch.cuda.synchronize()
+    with warnings.catch_warnings():  # (torch warns that a profiler's events end with its cycle: so they should)
+        warnings.simplefilter("ignore", UserWarning)
+        with torch.profiler.profile(activities=activities) as prof:
+            fn()
+            if on_gpu:
+                torch.cuda.synchronize()
     events = prof.key_averages()
     ops = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: -e.count)
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
