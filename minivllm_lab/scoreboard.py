@@ -23,6 +23,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .reference import load_reference, pick
+
 WORKLOAD = "W1: 60 requests, prompts of 16-256 tokens, 150 output tokens each"
 REFERENCE_HARDWARE = "NVIDIA H200"  # the committed run's hardware: its bars are drawn first, in grey
 
@@ -39,7 +41,6 @@ def load(path: Path) -> dict:
     path = Path(path)
     if path.exists():
         return json.loads(path.read_text())
-    from .reference import load_reference
     committed = load_reference("scoreboard")
     if committed.found and path.resolve() != Path(committed.where).resolve():
         return committed.data
@@ -103,47 +104,42 @@ def draw(board: dict, png: Path) -> Path:
 # (step, file in figures/, how to find the number in it, what the number is). Only numbers that are W1 on
 # the H200; W1's 60 requests are served one at a time at the rate of any few of them, so the first
 # requests measure "one at a time".
-def _row(key: str, value: str, field: str = "output_tok_s"):
-    def find(data):
-        rows = data if isinstance(data, list) else data["rows"]
-        return next(r[field] for r in rows if r[key] == value)
-    return find
-
-
 H200_SOURCES = [
     ("00 transformers, one request at a time", "00_baseline.json", lambda d: d["summary"]["output_tok_s"],
      "notebook 00: summary.output_tok_s (HF generate, the first 3 requests of W1 one after another)"),
     ("02 minivllm's model, all 60 at once, no KV cache (recompute)", "bench_w1_engine.json",
-     _row("engine", "minivllm recompute (no cache)"),
+     pick("rows", "output_tok_s", engine="minivllm recompute (no cache)"),
      "bench CLI, 2026-11-29 engine (torch attention, eager): rows[engine='minivllm recompute (no cache)']"),
     ("04 transformers, one static batch of all requests", "06_continuous_batching.json",
-     lambda d: _row("engine", "transformers static batch")(d["w1"]),
+     pick("w1.rows", "output_tok_s", engine="transformers static batch"),
      "notebook 06: w1.rows[engine='transformers static batch'] (notebook 04's own benchmark is not W1)"),
     ("05 minivllm, KV cache in contiguous rows", "05_paged_kv.json",
-     lambda d: _row("cache", "contiguous (1024-token rows)")(d["benchmark"]),
+     pick("benchmark", "output_tok_s", cache="contiguous (1024-token rows)"),
      "notebook 05: benchmark[cache='contiguous (1024-token rows)'] "
      "(a 2.25 GiB pool as 18 rows of 1024 tokens: 18 run at once)"),
     ("05 minivllm, KV cache in 16-token blocks (same memory)", "05_paged_kv.json",
-     lambda d: _row("cache", "paged (16-token blocks)")(d["benchmark"]),
+     pick("benchmark", "output_tok_s", cache="paged (16-token blocks)"),
      "notebook 05: benchmark[cache='paged (16-token blocks)'] "
      "(the same 2.25 GiB as 1152 blocks of 16: all 60 at once)"),
     ("06 minivllm, static batching (contiguous KV)", "06_continuous_batching.json",
-     lambda d: _row("engine", "minivllm static + contiguous")(d["w1"]),
+     pick("w1.rows", "output_tok_s", engine="minivllm static + contiguous"),
      "notebook 06: w1.rows[engine='minivllm static + contiguous']"),
     ("06 minivllm, continuous batching (paged KV)", "06_continuous_batching.json",
-     lambda d: _row("engine", "minivllm (paged + continuous)")(d["w1"]),
+     pick("w1.rows", "output_tok_s", engine="minivllm (paged + continuous)"),
      "notebook 06: w1.rows[engine='minivllm (paged + continuous)']"),
-    ("06 transformers' own continuous batching", "bench_w1.json", _row("engine", "transformers continuous batching"),
+    ("06 transformers' own continuous batching", "bench_w1.json",
+     pick("rows", "output_tok_s", engine="transformers continuous batching"),
      "bench CLI, final engine (README's Numbers): rows[engine='transformers continuous batching']"),
     ("10 whole engine but torch attention (no Triton kernels)", "bench_w1.json",
-     _row("engine", "minivllm, no Triton kernels (torch attention)"),
+     pick("rows", "output_tok_s", engine="minivllm, no Triton kernels (torch attention)"),
      "bench CLI ablation: rows[engine='minivllm, no Triton kernels (torch attention)']"),
-    ("11 whole engine but eager (no CUDA graphs)", "bench_w1.json", _row("engine", "minivllm, no CUDA graphs (eager)"),
+    ("11 whole engine but eager (no CUDA graphs)", "bench_w1.json",
+     pick("rows", "output_tok_s", engine="minivllm, no CUDA graphs (eager)"),
      "bench CLI ablation: rows[engine='minivllm, no CUDA graphs (eager)']"),
     ("12 whole engine but no CPU/GPU overlap", "bench_w1.json",
-     _row("engine", "minivllm, no overlap (async_scheduling=False)"),
+     pick("rows", "output_tok_s", engine="minivllm, no overlap (async_scheduling=False)"),
      "bench CLI ablation: rows[engine='minivllm, no overlap (async_scheduling=False)']"),
-    ("12+ the whole engine (every step on)", "bench_w1.json", _row("engine", "minivllm"),
+    ("12+ the whole engine (every step on)", "bench_w1.json", pick("rows", "output_tok_s", engine="minivllm"),
      "bench CLI, final engine (README's Numbers): rows[engine='minivllm']"),
 ]
 # Notebooks 10, 11 and 12 measure their own switch on W1 and keep the rows, named by step, under
@@ -172,7 +168,7 @@ def committed_h200_entries(figures: Path) -> list[dict]:
         own = NOTEBOOK_SOURCES.get(step)
         candidates = [(name, find, what)]
         if own:
-            candidates.insert(0, (own, lambda d, step=step: _row("engine", step)(d["scoreboard_w1"]),
+            candidates.insert(0, (own, pick("scoreboard_w1", "output_tok_s", engine=step),
                                   f"notebook {own[:2]}: scoreboard_w1[engine={step!r}]"))
         for file, find_in, description in candidates:
             bar = _h200_bar(Path(figures) / file, find_in)
@@ -192,7 +188,7 @@ def _h200_bar(path: Path, find) -> tuple[float, str] | None:
         return None
     try:
         return float(find(data)), str(data.get("model", ""))
-    except (KeyError, StopIteration):  # a file without this step's row (another run's layout)
+    except (KeyError, StopIteration, TypeError):  # a file without this step's row (another run's layout)
         return None
 
 
