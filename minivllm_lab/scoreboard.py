@@ -61,6 +61,34 @@ def add(step: str, tok_s: float, hardware: str, source: str = "", model: str = "
     return draw(board, path.with_suffix(".png")) if draw_png else path
 
 
+def measure_switch(env, step: str, switch: dict, figures_json: str, work=None) -> tuple[list[dict], Path]:
+    """A notebook's step that is one switch of the whole engine (10: the Triton kernels, 11: CUDA graphs),
+    on W1: the engine built twice as the bench CLI builds it (`switch` off, then everything on), each run
+    warmed up and timed by `runners.run_minivllm`. The two rows join the notebook's own JSON
+    (`figures_json`, already saved) under "scoreboard_w1", the committed bars' source once re-run, and the
+    step's bar is added. `work` defaults to the full W1. Returns the rows and the chart."""
+    from minivllm.llm import LLM
+    from minivllm.models.loader import resolve_model
+
+    from .bench.metrics import save_json
+    from .bench.runners import run_minivllm
+    from .bench.workloads import w1
+    from .machine import figures_dir, free_memory
+
+    work = work or w1(resolve_model(env.model).config.vocab_size)
+    rows = []
+    for name, options in [(step, switch), ("the whole engine", {})]:
+        llm = LLM(env.model, **env.engine_args(max_model_len=max(map(len, work.prompts)) + max(work.max_tokens),
+                                               max_num_seqs=len(work.prompts), **options))
+        rows.append(run_minivllm(llm, work, engine=name))
+        del llm
+        free_memory()
+    saved = figures_dir() / figures_json
+    save_json(saved, {**json.loads(saved.read_text()), "scoreboard_w1": rows})
+    source = f"notebook {figures_json[:2]}: W1, {len(work.prompts)} requests x {work.max_tokens[0]} output tokens"
+    return rows, add(step, rows[0]["output_tok_s"], env.hardware, source=source, model=env.label)
+
+
 def draw(board: dict, png: Path) -> Path:
     """Horizontal bars, one row per step in the series' order (the steps' names start with their
     notebook's number), one bar per hardware; a log scale, since the climb spans three orders of magnitude."""

@@ -65,3 +65,29 @@ def test_a_notebooks_own_w1_run_wins_over_the_bench(tmp_path):
     after = {e["step"]: e for e in scoreboard.committed_h200_entries(tmp_path)}
     assert (after[off]["tok_s"], after[whole]["tok_s"]) == (7100.0, 8900.0)
     assert after[whole]["source"].startswith("figures/12_overlap.json")
+
+
+def test_measure_switch_runs_w1_off_and_on_and_adds_the_steps_bar(tmp_path, monkeypatch):
+    # Notebooks 10 and 11 call it on a GPU; the same code on a CPU, with a tiny model and a small W1.
+    from types import SimpleNamespace
+
+    from minivllm.models.loader import resolve_model
+    from minivllm_lab.bench.workloads import w1
+    from minivllm_lab.notebook import tiny_checkpoint
+
+    monkeypatch.setenv("MINIVLLM_FIGURES", str(tmp_path))
+    (tmp_path / "11_cuda_graphs.json").write_text(json.dumps({"hardware": "CPU (test)", "engines": {}}))
+    model = tiny_checkpoint(num_layers=2)
+    env = SimpleNamespace(model=model, hardware="CPU (test)", label="tiny",
+                          engine_args=lambda **o: dict(device="cpu", dtype="float32", num_kv_blocks=32) | o)
+    work = w1(resolve_model(model).config.vocab_size, num_requests=3, max_prompt=16, output_len=4)
+    step = "11 whole engine but eager (no CUDA graphs)"
+    (off, whole), chart = scoreboard.measure_switch(env, step, dict(enforce_eager=True), "11_cuda_graphs.json", work)
+    assert (off["engine"], whole["engine"]) == (step, "the whole engine")
+    assert off["output_tokens"] == whole["output_tokens"] == 3 * 4
+    saved = json.loads((tmp_path / "11_cuda_graphs.json").read_text())
+    assert saved["engines"] == {} and [r["engine"] for r in saved["scoreboard_w1"]] == [step, "the whole engine"]
+    entries = json.loads((tmp_path / "scoreboard.json").read_text())["entries"]
+    mine = [e for e in entries if e["hardware"] == "CPU (test)"]
+    assert [(e["step"], e["tok_s"]) for e in mine] == [(step, off["output_tok_s"])]
+    assert chart.exists()
