@@ -11,7 +11,7 @@
    has to hide.
    The schema is an object with one long string (minLength 400), so that no request ends before the steps are
    counted: most tokens of real JSON answers are inside strings too.
-2. W1 (DESIGN.md: 60 requests, prompts of 16-256 random ids, 150 output tokens each) end to end, `generate` with
+2. W1 (`workloads.w1`: 60 requests, prompts of 16-256 random ids, 150 output tokens each) end to end, `generate` with
    a JSON schema on every request against without, the two taking turns (medians of `--w1-repeats`, after a
    warm-up): output tokens per second. The schema's one string is long enough (minLength 4000) that every
    request writes its 150 tokens, as without it.
