@@ -18,6 +18,7 @@ and the reference says so instead of failing the notebook.
 from __future__ import annotations
 
 import json
+import textwrap
 import tomllib
 import urllib.request
 from dataclasses import dataclass
@@ -99,6 +100,21 @@ class Reference:
         written): rows of (label, key[, format]), each key looked up in both runs."""
         yours = yours or str(run.get("hardware", "this run"))
         return self.table([(label, lookup(run, key), key, *rest) for label, key, *rest in rows], yours, spec)
+
+    def readings(self, mine: dict, sentences, describe=None, width: int = 110) -> str:
+        """A "Reading the run" paragraph's numbers: `sentences(run)` (a run's JSON -> its sentences) for
+        this run, then for the committed run, each headed by its hardware and `describe(run)` if given.
+        Returned as text, to print; the committed part says why it is missing where it is."""
+        text = []
+        for label, run in [("your run", mine), ("the committed run", self.data)]:
+            if run is None:
+                text.append(f"{label}: not available ({self.where})")
+                continue
+            text.append(f"{label}, on {run.get('hardware', 'unnamed hardware')}"
+                        + (f", {describe(run)}" if describe else "") + ":")
+            text += [textwrap.fill(s, width, initial_indent="- ", subsequent_indent="  ") for s in sentences(run)]
+            text.append("")
+        return "\n".join(text).rstrip()
 
     def __str__(self) -> str:
         state = f"the committed run on {self.hardware}" if self.found else "no committed run"

@@ -61,3 +61,13 @@ def test_beside_looks_up_the_same_keys_in_both_runs(tmp_path):
     header, b, a = text.splitlines()
     assert "yours (CPU (2 cores))" in header and "committed (NVIDIA H200)" in header
     assert b.split() == ["b", "5.0", "1,000.0"] and a.split() == ["a", "n/a", "10.0"]
+
+
+def test_readings_print_both_runs_under_their_hardware(tmp_path):
+    (tmp_path / "x.json").write_text(json.dumps({"hardware": "NVIDIA H200", "tok_s": 8000.0}))
+    committed = load_reference("x", figures=tmp_path)
+    sentences = lambda run: [f"{run['tok_s']:,.0f} tok/s"]  # noqa: E731
+    text = committed.readings({"hardware": "CPU", "tok_s": 10.0}, sentences, describe=lambda run: "W1")
+    assert text == "your run, on CPU, W1:\n- 10 tok/s\n\nthe committed run, on NVIDIA H200, W1:\n- 8,000 tok/s"
+    missing = load_reference("y", figures=tmp_path, url="http://127.0.0.1:9/none.json", timeout_s=0.5)
+    assert missing.readings({"hardware": "CPU", "tok_s": 1.0}, sentences).endswith(f"not available ({missing.where})")
