@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Execute notebooks on the GPU machine so the committed copies carry real outputs.
-# Usage (repo root, after scripts/gpu_parts.sh unpack1/unpack2): MINIVLLM_COMMIT=<the commit copied> bash scripts/gpu_notebooks.sh notebooks/00_*.ipynb ...
+# Usage (repo root, after scripts/gpu_parts.sh unpack1, unpack2 and unpack3): MINIVLLM_COMMIT=<the commit copied> bash scripts/gpu_notebooks.sh notebooks/00_*.ipynb ...
 # (the machine gets a copy of the working tree whose .git may be older: MINIVLLM_COMMIT names the commit it is)
 # (and MINIVLLM_DIRTY=1 if that copy had uncommitted changes under minivllm/, minivllm_lab/ or notebooks/, else 0)
 # Notebooks run one at a time; none is started after $NB_START_BEFORE_S seconds (default: no limit),

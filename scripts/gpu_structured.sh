@@ -7,7 +7,7 @@
 #      and SmolLM2's valid-JSON rate with and without the grammar;
 #   3. python -m minivllm_lab.bench.parallel_sampling: n = 4 against 4 separate requests (KV blocks, time), real
 #      SmolLM2 in bf16, a prompt of 1000 tokens.
-# Usage (repo root, SmolLM2 and the wheels installed: source scripts/gpu_parts.sh unpack2 or env):
+# Usage (repo root, SmolLM2 and the wheels installed: source scripts/gpu_parts.sh unpack3 or env):
 #   bash scripts/gpu_structured.sh
 # Everything comes back as one tarball, $OUT/structured_gpu.tgz (JSON and logs), rewritten after each part.
 set -o pipefail
