@@ -7,9 +7,16 @@
 #   there, call 2 (carry .gpu2):   source scripts/gpu_parts.sh unpack2 -> SmolLM2's first half kept in /tmp
 #   there, call 3 (carry .gpu3):   source scripts/gpu_parts.sh unpack3 -> real SmolLM2-135M installed
 #   there, later calls:            source scripts/gpu_parts.sh env
-# The wheels: .whl/, made with ../shared/gpu/fetch-wheels.sh (nbmake ipykernel ipywidgets and the serving and
-# structured-output packages) for the GPU machine's Python; debugpy and jedi left out: ipykernel and IPython
-# run without them.
+# The wheels: .whl/ (git-ignored), downloaded for the GPU machine's Python 3.12 with
+#   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl nbmake ipykernel ipywidgets \
+#     py-spy fastapi "uvicorn[standard]" prometheus_client msgspec pyzmq httpx openai xgrammar jsonschema
+# (apache-tvm-ffi, for xgrammar, and distro fetched the same way with --no-deps and --platform
+# manylinux_2_24_x86_64 where needed), then the wheels of what that machine already has deleted: torch,
+# triton, nvidia-*, cuda-*, transformers, numpy, tokenizers, safetensors, huggingface_hub, hf_xet, sympy,
+# mpmath, networkx, fsspec, filelock, jinja2, markupsafe, pytest, pluggy, iniconfig, packaging, pyyaml, regex,
+# tqdm, typing_extensions. debugpy, jedi and parso are left out too: ipykernel and IPython run without them.
 SITE=/tmp/site
 case "$1" in
   prepare)
