@@ -26,20 +26,7 @@ from minivllm_lab.notebook import code_cell_sources
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ENV_PREFIX = "minivllm-env: "
-# The series has not yet run as one. 00-05, 13 and 15 were re-executed on the H200 at ff890f2, and 10, 11, 12
-# and 16 at 68ba5e4 (whose code cells are those of ff890f2: only 15 changed between them); 06-09 and 14 still
-# carry older runs whose cells changed since. So (b) fails, and (c) and (d) fail for the notebooks not re-run.
-# strict: once the series is re-executed from one commit, these tests pass, pytest reports that as a failure,
-# and whoever re-ran the series removes this mark and NOT_RE_RUN. raises: only a failed check is expected.
-NEEDS_ONE_RUN = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                  reason="the notebooks ran at different commits, some cells were edited after "
-                                  "their run: the series must be re-executed from one commit (issue 22); once it "
-                                  "is, remove this mark")
-NOT_RE_RUN = {"06", "07", "08", "09", "14"}
 each_notebook = pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem[:2] for p in NOTEBOOKS])
-each_notebook_not_re_run_expected_to_fail = pytest.mark.parametrize(
-    "path", [pytest.param(p, marks=NEEDS_ONE_RUN if p.stem[:2] in NOT_RE_RUN else ()) for p in NOTEBOOKS],
-    ids=[p.stem[:2] for p in NOTEBOOKS])
 
 
 def git(*args) -> subprocess.CompletedProcess:
@@ -74,13 +61,12 @@ def test_a_notebook_says_once_what_ran_it(path):  # (a)
     assert env_of(path)["commit"], f"{path.name} does not name its commit"
 
 
-@NEEDS_ONE_RUN
 def test_all_notebooks_ran_at_one_commit():  # (b)
     commits = {path.name: env_of(path)["commit"] for path in NOTEBOOKS}
     assert len(set(commits.values())) == 1, commits
 
 
-@each_notebook_not_re_run_expected_to_fail
+@each_notebook
 def test_no_cell_was_edited_after_the_run(path):  # (c)
     in_a_checkout()
     commit = env_of(path)["commit"]
@@ -92,7 +78,7 @@ def test_no_cell_was_edited_after_the_run(path):  # (c)
         f"{path.name}: code cells differ from those of commit {commit}, which the outputs come from")
 
 
-@each_notebook_not_re_run_expected_to_fail
+@each_notebook
 def test_every_cell_ran_once_in_order(path):  # (d)
     cells = json.loads(path.read_text())["cells"]
     counts = [cell["execution_count"] for cell in cells if cell["cell_type"] == "code"]
