@@ -3,7 +3,8 @@
 # MINIVLLM_PROFILE=t4 (minivllm_lab.notebook.setup: a 15 GiB memory cap for the process, fp16, the T4's kernel
 # settings and model). Capped at 15 GiB each, $T4_PARALLEL notebooks share the GPU at a time: the check
 # is pass or fail, not speed. The executed copies and their figures are thrown away; the result is
-# figures/colab_t4_check.json ({"profile", "hardware", "commit", "notebooks": {name: "passed" | "failed: why"}}),
+# figures/colab_t4_check.json ({"profile", "hardware", "commit", "notebooks": {name: "passed" | "failed: why"}},
+# and "earlier": the last check, at an older commit, of a notebook not yet checked at this one),
 # also copied to $OUT with the logs. A run at the same commit as the file adds to it.
 # Usage (repo root, after scripts/gpu_parts.sh): MINIVLLM_COMMIT=<the commit copied> bash scripts/gpu_t4_check.sh notebooks/*.ipynb
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/t4-logs"
@@ -44,6 +45,10 @@ if previous.exists():  # the same commit checked in parts (calls of 10 minutes):
     if earlier.get("commit") == result["commit"]:
         result["notebooks"] = earlier["notebooks"] | result["notebooks"]
         result["seconds"] = earlier.get("seconds", {}) | result["seconds"]
+        # notebooks not yet checked at this commit keep their last check at an older one, until they are
+        older = {k: v for k, v in earlier.get("earlier", {}).items() if k not in result["notebooks"]}
+        if older:
+            result["earlier"] = older
 result["notebooks"] = dict(sorted(result["notebooks"].items()))
 result["seconds"] = dict(sorted(result["seconds"].items()))
 text = json.dumps(result, indent=1)
