@@ -5,7 +5,8 @@
 # is pass or fail, not speed. The executed copies and their figures are thrown away; the result is
 # figures/colab_t4_check.json ({"profile", "hardware", "commit", "notebooks": {name: "passed" | "failed: why"}},
 # and "earlier": the last check, at an older commit, of a notebook not yet checked at this one),
-# also copied to $OUT with the logs. A run at the same commit as the file adds to it.
+# also copied to $OUT with the logs. A run at the same commit as the file adds to it; a run at a new commit
+# moves the file's checks to "earlier".
 # Usage (repo root, after scripts/gpu_parts.sh): MINIVLLM_COMMIT=<the commit copied> bash scripts/gpu_t4_check.sh notebooks/*.ipynb
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT/t4-logs"
 source scripts/gpu_parts.sh env
@@ -40,15 +41,20 @@ for nb in sys.argv[1:]:
     result["notebooks"][name] = "passed" if rc == "0" else f"failed: {why[:300]}"
     result["seconds"][name] = int(seconds)
 previous = pathlib.Path("figures/colab_t4_check.json")
-if previous.exists():  # the same commit checked in parts (calls of 10 minutes): one file
+if previous.exists():
     earlier = json.loads(previous.read_text())
-    if earlier.get("commit") == result["commit"]:
+    if earlier.get("commit") == result["commit"]:  # the same commit checked in parts (calls of 10 minutes): one file
         result["notebooks"] = earlier["notebooks"] | result["notebooks"]
         result["seconds"] = earlier.get("seconds", {}) | result["seconds"]
-        # notebooks not yet checked at this commit keep their last check at an older one, until they are
-        older = {k: v for k, v in earlier.get("earlier", {}).items() if k not in result["notebooks"]}
-        if older:
-            result["earlier"] = older
+        older = earlier.get("earlier", {})
+    else:  # a new commit: the previous file's checks become each notebook's last check at an older commit
+        older = earlier.get("earlier", {}) | {
+            name: {"result": r, "commit": earlier.get("commit"), "seconds": earlier.get("seconds", {}).get(name)}
+            for name, r in earlier["notebooks"].items()}
+    # a notebook not yet checked at this commit keeps its last check at an older one, until it is
+    older = {name: check for name, check in older.items() if name not in result["notebooks"]}
+    if older:
+        result["earlier"] = dict(sorted(older.items()))
 result["notebooks"] = dict(sorted(result["notebooks"].items()))
 result["seconds"] = dict(sorted(result["seconds"].items()))
 text = json.dumps(result, indent=1)
