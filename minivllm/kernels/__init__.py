@@ -1,10 +1,5 @@
-"""Fused Triton kernels that replace the torch reference code on the hot path.
-
-Each file is one kernel with its Python wrapper; the torch version it must match lives in
-`minivllm.layers.basic` (norm, activation, rotary) or `minivllm.attention.torch_ref` (cache
-writes, attention). Without a GPU they run in Triton's interpreter (TRITON_INTERPRET=1), slowly.
-Launch settings (tiles, warps, stages) follow the GPU's compute capability, which
-MINIVLLM_KERNEL_CAPABILITY=7.5 overrides to launch them as on a T4 (see target.py).
+"""Fused Triton kernels for the hot path, each matching a torch reference in `minivllm.layers.basic`
+or `minivllm.attention.torch_ref`. Without a GPU they run in Triton's interpreter (TRITON_INTERPRET=1).
 """
 from .decode_attention import paged_decode_attention
 from .prefill_attention import paged_prefill_attention

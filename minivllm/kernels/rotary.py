@@ -1,12 +1,8 @@
 """Rotary position embedding (RoPE) applied to q and k in place, as one Triton kernel.
 
-In torch, rotating q and k gathers cos/sin for every token, splits each head into halves,
-and builds new tensors with `cat`: several launches and full copies of q and k. Here one
-program per token loads its cos/sin row once, rotates all its query and key heads in
-registers and writes them back where they were: q and k are read once and written once.
-
-q and k may be strided views into the packed qkv projection (no copy is needed first).
-Same "rotate half" layout and float32 math as `minivllm.layers.basic.RotaryEmbedding`.
+One program per token loads its cos/sin row once and rotates all its query and key heads in
+place; q and k may be strided views into the packed qkv projection. Same "rotate half" layout and
+float32 math as `minivllm.layers.basic.RotaryEmbedding`.
 
     >>> q = qkv[:, :Hq * D].view(T, Hq, D)                  # a view, not contiguous
     >>> k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
@@ -25,10 +21,10 @@ def _rotate_heads(x_ptr, token_stride, head_stride, token, num_heads, cos, sin,
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_HALF)[None, :]
     mask = (heads < num_heads) & (dims < HALF)
-    first = x_ptr + token * token_stride + heads * head_stride + dims  # [BLOCK_H, BLOCK_HALF] pointers
+    first = x_ptr + token * token_stride + heads * head_stride + dims
     x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
-    # rotate half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); cos/sin broadcast over heads
+    # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
     tl.store(first, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=mask)
     tl.store(first + HALF, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
 
@@ -50,7 +46,7 @@ def _rotary_kernel(pos_ptr, q_ptr, k_ptr, cos_ptr, sin_ptr,
 def apply_rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor):
     """positions [T]; q [T, Hq, D], k [T, Hkv, D] rotated in place; cos/sin [max_positions, D/2]
-    float32. Returns (q, k), the same tensors, for the caller's convenience."""
+    float32. Returns (q, k)."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     assert k.shape == (T, Hkv, D) and positions.shape == (T,), "q, k and positions disagree on T or D"
@@ -59,7 +55,7 @@ def apply_rotary_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     assert cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous()
     BLOCK_HQ, BLOCK_HK = triton.next_power_of_2(Hq), triton.next_power_of_2(Hkv)
     BLOCK_HALF = triton.next_power_of_2(D // 2)
-    num_warps = min(max(BLOCK_HQ * BLOCK_HALF // 512, 1), 8)  # sized by the bigger tile, q's
+    num_warps = min(max(BLOCK_HQ * BLOCK_HALF // 512, 1), 8)
     if T > 0:
         _rotary_kernel[(T,)](positions, q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
                              cos.stride(0), Hq, Hkv, HALF=D // 2, BLOCK_HQ=BLOCK_HQ, BLOCK_HK=BLOCK_HK,

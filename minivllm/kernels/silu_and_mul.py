@@ -1,8 +1,7 @@
 """SwiGLU's activation, silu(gate) * up, as one Triton kernel.
 
-The MLP's first projection returns gate and up side by side, [T, 2*I]. In torch, `silu(gate)`
-writes a [T, I] temporary that the multiplication reads back; here each program reads its slice
-of gate and up once and writes the product once: one launch and no temporary.
+Reads gate and up (side by side in [T, 2*I]) once and writes the product once, with no [T, I]
+temporary for silu(gate).
 
     >>> h = silu_and_mul(gate_up_proj(x))   # [T, 2*I] -> [T, I]
 """
@@ -31,7 +30,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     assert gate_up.stride(1) == 1, "each row of gate_up must be contiguous"
     I = two_i // 2
     out = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device)
-    # a row of an MLP can be 14336 wide: split it into blocks, a second grid axis over them
+    # wide rows are split into blocks along a second grid axis
     BLOCK = min(triton.next_power_of_2(I), 1024)
     if T > 0:
         _silu_and_mul_kernel[(T, triton.cdiv(I, BLOCK))](gate_up, out, gate_up.stride(0), out.stride(0), I,

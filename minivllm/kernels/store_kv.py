@@ -1,11 +1,7 @@
 """Writes the step's new keys and values into their paged-cache slots, as one Triton kernel.
 
-`k_cache.view(-1, Hkv, D)[slot_mapping] = k` is two scatter launches (keys, values), and k and v,
-strided views of the packed qkv projection, may be copied to contiguous tensors first. Here one
-program per token copies its key and value straight from the projection into the cache.
-
-A negative slot means "padding, store nothing": CUDA graphs replay a batch padded to a fixed
-size, and the padded tokens must not overwrite anyone's cache.
+One program per token copies its key and value from the (strided) projection into the cache.
+A negative slot is padding (CUDA graphs replay a padded batch) and stores nothing.
 
     >>> store_kv(k, v, k_cache, v_cache, slot_mapping)   # k/v [T, Hkv, D], caches [blocks, block_size, Hkv, D]
 """
@@ -21,14 +17,13 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      k_token_stride, k_head_stride, v_token_stride, v_head_stride,
                      num_heads, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
-    # int64: slot * Hkv * D passes 2**31 in a cache of a few GB
+    # int64: slot * Hkv * D can pass 2**31
     slot = tl.load(slot_ptr + token).to(tl.int64)
     if slot < 0:  # padding token
         return
     heads = tl.arange(0, BLOCK_H)[:, None]
     dims = tl.arange(0, BLOCK_D)[None, :]
     mask = (heads < num_heads) & (dims < HEAD_DIM)
-    # the cache is contiguous, so [block, offset] flattens to slot: block * block_size + offset
     dst = slot * num_heads * HEAD_DIM + heads * HEAD_DIM + dims
     k = tl.load(k_ptr + token * k_token_stride + heads * k_head_stride + dims, mask=mask)
     v = tl.load(v_ptr + token * v_token_stride + heads * v_head_stride + dims, mask=mask)
