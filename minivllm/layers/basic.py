@@ -1,9 +1,5 @@
-"""The small building blocks of a Llama/Mistral decoder: RMSNorm, rotary embeddings, SwiGLU.
-
-Each is a `CustomOp`: `forward_native` is a few lines of torch, the readable reference;
-`forward_triton` calls the fused Triton kernel from `minivllm.kernels` with the same interface (the
-tests hold the two equal). The model picks one when it is built (`LlamaForCausalLM(cfg, backend=...)`).
-The kernels are imported inside `forward_triton`, so that triton loads only when it is asked for.
+"""RMSNorm, rotary embeddings and SwiGLU's activation, each a `CustomOp` with a torch reference
+(`forward_native`) and a fused Triton kernel (`forward_triton`, imported only when used).
 """
 from __future__ import annotations
 
@@ -17,8 +13,8 @@ from .custom_op import CustomOp
 
 
 class RMSNorm(CustomOp):
-    """x / rms(x) * weight, computed in float32. With `residual`, first adds it (vLLM's fused
-    "add + norm") and returns (normed, new_residual): one read of x instead of two."""
+    """x / rms(x) * weight, in float32. With `residual`, first adds it (vLLM's fused "add + norm")
+    and returns (normed, new_residual)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__()
@@ -46,7 +42,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class SiluAndMul(CustomOp):
-    """`silu_and_mul` as a layer: one fused kernel instead of three passes with the Triton backend."""
+    """`silu_and_mul` as a layer."""
 
     def forward_native(self, gate_up: torch.Tensor) -> torch.Tensor:
         return silu_and_mul(gate_up)
@@ -58,14 +54,14 @@ class SiluAndMul(CustomOp):
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     """Rotation frequency of each pair of dimensions, with the checkpoint's rope scaling."""
-    # float32 like transformers, so positions far along rotate by exactly the same angles
+    # float32 like transformers, so the angles match exactly
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
     if scaling is None:
         return inv_freq
     kind = scaling["rope_type"]
-    if kind == "linear":  # positions squeezed by `factor` (equivalently: slower frequencies)
+    if kind == "linear":
         return inv_freq / scaling["factor"]
-    if kind == "llama3":  # long wavelengths slowed by `factor`, short ones kept, smooth in between
+    if kind == "llama3":  # long wavelengths slowed by `factor`, short ones kept, smoothed between
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old_len = scaling["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv_freq
@@ -77,13 +73,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
 
 
 class RotaryEmbedding(CustomOp):
-    """Rotates q and k by an angle proportional to each token's position (RoPE).
-
-    cos/sin are precomputed for every position up to `max_positions`, so a step only
-    indexes them by the batch's `positions`: decode and prefill tokens alike.
-    Uses the "rotate half" layout of Hugging Face Llama checkpoints. The Triton backend
-    rotates q and k in place instead of writing new tensors.
-    """
+    """Rotates q and k by an angle proportional to each token's position (RoPE), in the "rotate half"
+    layout of Hugging Face Llama checkpoints; cos/sin are precomputed up to `max_positions`."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None):
         super().__init__()

@@ -1,21 +1,8 @@
-"""The layers of a model split over tensor-parallel ranks (Megatron-LM's scheme).
-
-In a transformer block the matmuls come in pairs, and the split is chosen so that a pair needs
-ONE collective:
-
-- `ColumnParallelLinear` (qkv_proj, gate_up_proj): each rank holds some of the output rows, e.g.
-  its own attention heads, and computes its slice of the output with no communication at all;
-- `RowParallelLinear` (o_proj, down_proj): each rank holds the input columns that match the slice
-  it has, and produces a partial sum of the full output: one all-reduce adds the partial sums.
-
-So a decoder layer costs two all-reduces of `[tokens, hidden_size]`, whatever N is. The
-vocabulary is split the same way: `VocabParallelEmbedding` looks up the ids in its rows (zeros
-elsewhere) and all-reduces, `ParallelLMHead` computes its slice of the logits and all-gathers them.
-A vocabulary that N does not divide is padded; the padded rows are zeros, their logits cut off.
-
-With one rank every layer is the plain one (same parameter names, same shapes, no collective),
-so the single-GPU engine runs exactly this code. Each layer knows which rows or columns of the
-checkpoint's tensor it holds (`weight_loader`): a rank reads only its slice from the safetensors file.
+"""Tensor-parallel layers (Megatron-LM's scheme): `ColumnParallelLinear` (qkv_proj, gate_up_proj)
+splits output rows with no communication, `RowParallelLinear` (o_proj, down_proj) splits input
+columns and all-reduces the partial sums, so a decoder layer needs two all-reduces. The vocabulary
+is split by rows, padded when the rank count does not divide it. With one rank these are the plain
+layers. `weight_loader` copies this rank's slice of a checkpoint tensor.
 """
 from __future__ import annotations
 
@@ -29,8 +16,7 @@ from ..distributed.parallel_state import all_gather_last_dim, all_reduce, tp_ran
 
 
 def init_like_nn_linear(weight: nn.Parameter, bias: nn.Parameter | None) -> None:
-    """Random weights as `nn.Linear` draws them (dummy weights for benchmarks): with one rank, the
-    same seed gives the same model as before the split existed."""
+    """Random weights as `nn.Linear` draws them (dummy weights)."""
     nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
     if bias is not None:
         bound = 1 / math.sqrt(weight.shape[1])
@@ -38,9 +24,8 @@ def init_like_nn_linear(weight: nn.Parameter, bias: nn.Parameter | None) -> None
 
 
 class ColumnParallelLinear(nn.Module):
-    """y = x @ W.T for this rank's output rows. `shards` packs several checkpoint tensors in one
-    matmul (q, k, v or gate, up): for each, (rows of the checkpoint tensor, the first of them this
-    rank holds, how many it holds)."""
+    """y = x @ W.T for this rank's output rows. `shards` packs several checkpoint tensors (q, k, v or
+    gate, up): for each, (its rows, the first this rank holds, how many)."""
 
     def __init__(self, input_size: int, shards: list[tuple[int, int, int]], bias: bool = False):
         super().__init__()
@@ -76,7 +61,7 @@ class RowParallelLinear(nn.Module):
         init_like_nn_linear(self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The bias is added once, by rank 0, before the sum: not N times.
+        # The bias is added once, by rank 0.
         return all_reduce(F.linear(x, self.weight, self.bias if tp_rank() == 0 else None))
 
     def checkpoint_shape(self, param: torch.Tensor, shard_id=None) -> tuple[int, ...]:
@@ -107,7 +92,6 @@ class VocabParallelEmbedding(nn.Module):
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.start
         mine = (local >= 0) & (local < self.rows_per_rank)
-        # Each id is found on exactly one rank; the others contribute zeros to the sum.
         out = F.embedding(torch.where(mine, local, 0), self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
         return all_reduce(out)
 
@@ -116,17 +100,17 @@ class VocabParallelEmbedding(nn.Module):
 
     def weight_loader(self, param: torch.Tensor, checkpoint_slice, shard_id=None) -> None:
         rows = max(0, min(self.rows_per_rank, self.vocab_size - self.start))
-        param.zero_()  # padding rows: zero embeddings, and logits cut off anyway
-        if rows:  # (a tiny vocabulary over many ranks can leave the last rank padding only)
+        param.zero_()  # padding rows
+        if rows:
             param[:rows].copy_(checkpoint_slice[self.start:self.start + rows])
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    """Logits for this rank's vocabulary rows, gathered: every rank ends with all of them."""
+    """Logits for this rank's vocabulary rows, all-gathered."""
 
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__(vocab_size, hidden_size, init_weights=False)
-        init_like_nn_linear(self.weight, None)  # as the nn.Linear lm_head it replaces
+        init_like_nn_linear(self.weight, None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = all_gather_last_dim(F.linear(hidden, self.weight))
