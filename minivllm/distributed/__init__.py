@@ -1,8 +1,4 @@
-"""Tensor parallelism's state: which rank this process is, its group, and the collectives.
-
-`parallel_state` is all of it. The layers that split a model live in `minivllm.layers.parallel`; the
-processes of the other ranks are started and driven by the executor (`minivllm.executor`).
-"""
+"""Tensor-parallel state and collectives; the split layers are in `minivllm.layers.parallel`."""
 from .parallel_state import tp_rank, tp_size
 
 __all__ = ["tp_rank", "tp_size"]
