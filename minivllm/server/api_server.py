@@ -1,15 +1,10 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one `AsyncLLM`.
 
-    POST /v1/completions, /v1/chat/completions   answers, streamed as server-sent events or whole
+    POST /v1/completions, /v1/chat/completions   outputs, streamed as server-sent events or whole
     GET  /v1/models, /health, /metrics, /         the model, liveness, Prometheus text, the chat page
 
-Every request is a coroutine on one event loop; the engine core steps in a process of its own (see
-`AsyncLLM`), so a long forward pass never stops the server from answering, and the server's Python
-never delays the next step. Under overload requests simply wait in the scheduler's queue. A client
-that hangs up aborts its request: for a stream, Starlette cancels the response's generator; for a
-whole answer, a watcher of the connection does. A stream whose client reads slower than the engine
-generates gets the missed steps merged into one event; events are encoded by msgspec, not by a
-model object per token.
+The engine core runs in its own process, so requests are coroutines on one event loop. A client that
+hangs up aborts its request; a slow stream reader gets the missed steps merged into one event.
 """
 from __future__ import annotations
 
@@ -74,7 +69,7 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
                            404, "not_found_error")
         try:
             prompt = encode_chat(engine.tokenizer, parsed.prompt) if chat else parsed.prompt
-            if chat and not parsed.max_tokens_given:  # as vLLM: the answer may fill the context
+            if chat and not parsed.max_tokens_given:  # as vLLM: the output may fill the context
                 parsed.params.max_tokens = max(1, max_model_len - len(prompt))
             request_id = protocol.new_id(chat)
             stream = await engine.add_request(request_id, prompt, parsed.params)
@@ -86,11 +81,11 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
                                      media_type="text/event-stream", background=BackgroundTask(stream.close))
         try:
             final = await _unless_disconnected(request, _last(stream))
-        except ValueError as e:  # refused by the engine core (which checks again), e.g. a grammar it cannot build
+        except ValueError as e:  # refused by the engine core, e.g. a grammar it cannot build
             raise APIError(str(e)) from None
         finally:
             stream.close()
-        if final is None:  # the client is gone: nobody reads this response
+        if final is None:  # the client is gone
             return Response(status_code=499)
         choices = []
         for a in final.outputs:
@@ -109,8 +104,8 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
         return last
 
     async def _sse(stream, request_id: str, chat: bool, include_usage: bool, params, tool_call=None):
-        """Server-sent events: one chunk per engine step and answer (n > 1: `index` says which) with the new text
-        (and the new tokens' logprobs; for tool calls, what the calls gained), then usage, then [DONE]."""
+        """Server-sent events: one chunk per engine step and output (`index`) with the new text, logprobs or
+        tool calls, then usage, then [DONE]."""
         def event(choices, usage=None):
             body = protocol.response(request_id, served_model_name, chat, choices, True, usage)
             if include_usage and usage is None:
@@ -121,14 +116,14 @@ def build_app(engine: AsyncLLM, served_model_name: str) -> FastAPI:
             if chat:  # OpenAI's streams open with the role
                 for i in range(params.n):
                     yield event([protocol.choice(chat, "", None, delta=True, first=True, index=i)])
-            # Per answer: the text, tokens and text offset sent, whether it is done, the tool calls' arguments sent.
+            # Per output: text, tokens and text offset sent, finished, tool call arguments sent.
             sent, last = [["", 0, 0, False, []] for _ in range(params.n)], None
             async for out in stream.merged():  # the steps a slow reader missed come as one event
                 metrics.on_output(out, last)
                 last = out
                 for a, (text, tokens, offset, done, arguments) in zip(out.outputs, sent):
                     if done or (len(a.token_ids) == tokens and a.finish_reason is None):
-                        continue  # nothing new for this answer
+                        continue  # nothing new for this output
                     new = a.logprobs[tokens:] if a.logprobs is not None else None
                     logprobs = protocol.logprobs_of(chat, new, params.logprobs, offset)
                     choice = protocol.choice(chat, a.text[len(text):], a.finish_reason, True, index=a.index,
@@ -168,7 +163,7 @@ def _sse_bytes(data) -> bytes:
 
 
 def _num_tokens(out) -> int:
-    """The tokens generated for a request: every answer's (n > 1), as OpenAI's usage counts them."""
+    """The tokens generated for a request, summed over its n outputs as OpenAI's usage counts them."""
     return sum(len(a.token_ids) for a in out.outputs)
 
 

@@ -1,22 +1,16 @@
 """Prometheus metrics at `/metrics`, under vLLM's names with the `minivllm:` prefix.
 
-Gauges are read from the engine when Prometheus (or the chat page) asks, so they are never stale;
-counters and histograms are fed by the request handlers as answers stream. Times come from the
-engine's own timestamps (`RequestOutput.metrics`, the `time.perf_counter` clock).
-
-    minivllm:num_requests_running / _waiting      gauges
-    minivllm:kv_cache_usage_perc                  gauge, 0..1 (blocks held only by the prefix cache count as free)
-    minivllm:prompt_tokens_total, generation_tokens_total, num_preemptions_total      counters
-    minivllm:time_to_first_token_seconds, time_per_output_token_seconds,
-    minivllm:e2e_request_latency_seconds          histograms, one sample per finished request
+Gauges (requests running and waiting, KV cache usage) are read from the engine on each scrape;
+counters and histograms (TTFT, TPOT, end-to-end latency) are fed by the request handlers from the
+engine's timestamps (`RequestOutput.metrics`).
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-disable_created_metrics()  # no `_created` timestamp series beside each counter: vLLM omits them too
+disable_created_metrics()  # no `_created` series, as in vLLM
 
-# Buckets around the reading-speed SLO (TTFT <= 1 s, TPOT <= 190 ms), as vLLM's are around its own.
+# Buckets around a reading-speed SLO (TTFT <= 1 s, TPOT <= 190 ms).
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.19, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS = (0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
@@ -25,7 +19,7 @@ E2E_BUCKETS = (0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
 class ServerMetrics:
     def __init__(self, engine, model_name: str):
         self.engine = engine
-        self.registry = registry = CollectorRegistry()  # one per server: tests start several in a process
+        self.registry = registry = CollectorRegistry()  # per server: tests start several in one process
         labels = {"model_name": model_name}
 
         def make(cls, name, doc, **kw):
@@ -36,7 +30,7 @@ class ServerMetrics:
         self.kv_usage = make(Gauge, "kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).")
         self.prompt_tokens = make(Counter, "prompt_tokens", "Prompt tokens of the requests accepted.")
         self.generation_tokens = make(Counter, "generation_tokens", "Tokens generated.")
-        # Counters the engine keeps itself: each grows here by what the engine's count grew since the last read.
+        # Counters the engine keeps: each grows by what the engine's count grew since the last read.
         self.engine_counters = {
             "num_preemptions": make(Counter, "num_preemptions", "Sequences preempted (recomputed later)."),
             "num_drafts": make(Counter, "spec_decode_num_drafts", "Speculative verify steps with guesses."),
@@ -56,7 +50,7 @@ class ServerMetrics:
         if previous is None:
             self.prompt_tokens.inc(len(out.prompt_token_ids))
         done_before = 0 if previous is None else sum(len(a.token_ids) for a in previous.outputs)
-        self.generation_tokens.inc(sum(len(a.token_ids) for a in out.outputs) - done_before)  # every answer's
+        self.generation_tokens.inc(sum(len(a.token_ids) for a in out.outputs) - done_before)
 
     def on_finished(self, out) -> None:
         """A request's last output: its latencies go into the histograms."""

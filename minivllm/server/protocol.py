@@ -1,24 +1,11 @@
 """OpenAI's request and response shapes, read and written by hand.
 
-Plain dicts rather than pydantic models, so that what the server accepts and answers is readable in
-one file, and every bad value gets OpenAI's error shape with status 400 (FastAPI's validation
-would answer 422 in its own shape). Whatever JSON a client sends, `parse_request` returns a
-`ParsedRequest` or raises `APIError` (400) naming the field: `true` where a count belongs, a dict
-where a number belongs, NaN, 10**30 or a nested list stop here, not as a 500 from deep in the engine.
-
-Requests: `/v1/completions` (a text or token-id prompt) and `/v1/chat/completions` (messages).
-Fields read: model, prompt | messages, max_tokens (chat: also max_completion_tokens), temperature,
-top_p, top_k, seed, stop, n (answers sampled in parallel on the prompt's shared blocks; answer i uses
-seed + i), stream, stream_options.include_usage, user (ignored), presence_penalty, frequency_penalty,
-logit_bias (token ids as strings, as OpenAI sends them), logprobs (chat: a bool, with top_logprobs
-0..20; completions: an integer 0..20), and vLLM's ignore_eos, stop_token_ids, repetition_penalty, min_p
-and min_tokens. null means "the default" for every one but model and the prompt.
-Logprobs are vLLM's: from the model's raw logits; each token's text is the token decoded alone.
-Structured outputs: response_format and vLLM's structured_outputs (`response_format.py`); chat's tools,
-tool_choice and parallel_tool_calls (`tool_calls.py`).
-Fields that would change the answer but are not implemented (echo, best_of, suffix) are
-refused by name, unless their value asks for nothing (null, false, 0, []): a client that asks for
-them must not get an answer that silently lacks them. Unknown fields are ignored, as vLLM does.
+Plain dicts rather than pydantic, so every bad value gets OpenAI's error shape with status 400
+(FastAPI would answer 422): `parse_request` returns a `ParsedRequest` or raises `APIError` naming the
+field. null means "the default" for every field but model and the prompt; unknown fields are
+ignored, as in vLLM; unimplemented fields that would change the output (echo, best_of, suffix) are
+refused unless their value asks for nothing. Structured outputs are in `response_format.py`, tools
+in `tool_calls.py`.
 """
 from __future__ import annotations
 
@@ -46,17 +33,16 @@ class APIError(Exception):
 
 @dataclass
 class ParsedRequest:
-    prompt: object                 # str | list[int] for completions; the checked messages for chat
+    prompt: object                 # str | list[int] for completions; messages for chat
     params: SamplingParams
     stream: bool
     include_usage: bool
-    max_tokens_given: bool         # chat without max_tokens: the answer may fill the context
-    model: str = ""                # the model asked for (a str: checked here)
-    tool_call: ToolCallRequest | None = None  # chat with tools called by grammar: the answer becomes tool_calls
+    max_tokens_given: bool         # chat without max_tokens: the output may fill the context
+    model: str = ""
+    tool_call: ToolCallRequest | None = None  # chat with tools: the output becomes tool_calls
 
 
-# Fields this server does not implement, with the values that ask for nothing (null always does).
-# A value matches only with its own type: `"n": true` or `"best_of": 1.0` is no default.
+# Unimplemented fields and the values that ask for nothing (matched with their type: 1.0 is not 1).
 _UNSUPPORTED_COMPLETIONS = {"echo": (False,), "best_of": (1,), "suffix": ("",)}
 
 
@@ -67,9 +53,9 @@ def parse_request(body, chat: bool) -> ParsedRequest:
     for name in (key, "model"):
         if body.get(name) is None:
             raise APIError(f"missing required field '{name}'")
-    model = _get(body, "model", str)  # the server compares it with its own name: a str, or a 400
+    model = _get(body, "model", str)
     _get(body, "user", str)
-    for name, harmless in ({} if chat else _UNSUPPORTED_COMPLETIONS).items():  # chat implements all it reads
+    for name, harmless in ({} if chat else _UNSUPPORTED_COMPLETIONS).items():
         value = body.get(name)
         if value is not None and not any(type(value) is type(h) and value == h for h in harmless):
             raise APIError(f"'{name}' is not supported by this server, got {_show(value)}")
@@ -87,14 +73,14 @@ def parse_request(body, chat: bool) -> ParsedRequest:
     stream = _get(body, "stream", bool, False)
     include_usage = _get(_get(body, "stream_options", dict, {}), "include_usage", bool, False,
                          "stream_options.include_usage")
-    # Chat's newer name for max_tokens wins, as in vLLM; the other one, if given too, is still checked.
+    # max_completion_tokens wins over max_tokens, as in vLLM; both are type-checked.
     newer = chat and body.get("max_completion_tokens") is not None
     tokens_name = "max_completion_tokens" if newer else "max_tokens"
     for name in ("max_tokens", "max_completion_tokens") if chat else ("max_tokens",):
         _get(body, name, int)
     max_tokens = body.get(tokens_name)
     logprobs, logprobs_name = _logprobs(body, chat)
-    try:  # SamplingParams checks the sampling values' types and ranges; null means "the default"
+    try:  # SamplingParams checks the values' types and ranges
         params = SamplingParams(
             temperature=_or(body.get("temperature"), 1.0),
             top_p=_or(body.get("top_p"), 1.0),
@@ -114,7 +100,7 @@ def parse_request(body, chat: bool) -> ParsedRequest:
             logprobs=logprobs,
             n=_or(body.get("n"), 1),
         )
-    except ValueError as e:  # its message names the field; the client's own names for max_tokens, logprobs
+    except ValueError as e:  # rename fields to the client's names
         message = str(e)
         for ours, theirs in (("max_tokens", tokens_name), ("logprobs", logprobs_name)):
             if message.startswith(ours + " ") and theirs != ours:
@@ -125,17 +111,17 @@ def parse_request(body, chat: bool) -> ParsedRequest:
 
 def _logprobs(body: dict, chat: bool) -> tuple[int | None, str]:
     """SamplingParams.logprobs (None: off) and the field that gave it: chat's `logprobs: true` with
-    `top_logprobs` N (0 if absent), or completions' integer `logprobs` (false, as some clients send: off)."""
+    `top_logprobs`, or completions' integer `logprobs`."""
     if not chat:
         return (None if body.get("logprobs") is False else _get(body, "logprobs", int)), "logprobs"
     on, top = _get(body, "logprobs", bool, False), _get(body, "top_logprobs", int)
-    if top and not on:  # OpenAI's rule (vLLM's too): top_logprobs only with logprobs
+    if top and not on:
         raise APIError("'top_logprobs' requires 'logprobs': true")
     return (_or(top, 0) if on else None), "top_logprobs"
 
 
 def _logit_bias(bias: dict | None) -> dict | None:
-    """OpenAI's logit_bias keys are token ids written as strings ("50256"); SamplingParams checks the rest."""
+    """logit_bias keys are token ids as strings ("50256"); SamplingParams checks the rest."""
     if bias is None:
         return None
     ids = {}
@@ -151,12 +137,11 @@ def _or(value, default):
 
 
 def _show(value) -> str:
-    return reprlib.repr(value)  # bounded: a 10 MB string in a request makes a short message
+    return reprlib.repr(value)  # bounded length
 
 
 def _get(body: dict, name: str, kind: type, default=None, label: str | None = None):
-    """A field's value if it is of type `kind` (never a bool where an int belongs); null or
-    absent: the default."""
+    """A field's value if of type `kind` (a bool is no int); null or absent: the default."""
     value = body.get(name)
     if value is None:
         return default
@@ -170,7 +155,7 @@ _JSON_NAMES = {str: "string", int: "integer", bool: "boolean", dict: "object"}
 
 def _chat_messages(messages) -> list[dict]:
     try:
-        return check_messages(messages)  # chat.py's check, also run by encode_chat for direct callers
+        return check_messages(messages)
     except ValueError as e:
         raise APIError(str(e)) from None
 
@@ -198,7 +183,7 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict:
 
 def choice(chat: bool, text: str, finish_reason: str | None, delta: bool, first: bool = False,
            logprobs: dict | None = None, index: int = 0) -> dict:
-    """One entry of `choices` (answer `index` of n): a message or a streamed delta (chat), or a text."""
+    """One entry of `choices`: a message or a streamed delta (chat), or a text."""
     if not chat:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if delta:
@@ -209,10 +194,8 @@ def choice(chat: bool, text: str, finish_reason: str | None, delta: bool, first:
 
 
 def logprobs_of(chat: bool, logprobs: list[dict] | None, top_n: int, text_offset: int = 0) -> dict | None:
-    """Some tokens' logprobs (CompletionOutput.logprobs, a slice of it when streaming) in OpenAI's shape.
-    chat: {"content": [{token, logprob, bytes, top_logprobs: the top_n}]}; completions: {tokens,
-    token_logprobs, top_logprobs (the chosen token and the top N, as vLLM), text_offset (from `text_offset`:
-    each token's offset in the answer, by the lengths of the tokens before it)}."""
+    """CompletionOutput.logprobs (or a streamed slice) in OpenAI's chat or completions shape;
+    `text_offset` is the first token's offset in the output text."""
     if logprobs is None:
         return None
     chosen = [next(iter(d.items())) for d in logprobs]
@@ -234,7 +217,7 @@ def _chat_token(_, lp) -> dict:
 
 
 def _finite(lp) -> float:
-    return max(lp.logprob, -9999.0)  # JSON has no -inf; OpenAI's (and vLLM's) floor
+    return max(lp.logprob, -9999.0)  # JSON has no -inf; vLLM's floor
 
 
 def response(request_id: str, model: str, chat: bool, choices: list, stream: bool, usage_: dict | None) -> dict:

@@ -5,8 +5,8 @@
                          "json_schema": {"name": "order", "schema": {...}, "strict": true}}}
     {"structured_outputs": {"json": {...}} | {"regex": "..."} | {"choice": [...]} | {"grammar": "..."}}
 
-`strict` is accepted either way: the answer always follows the schema here (the grammar enforces it).
-Whether the schema itself makes a grammar is checked when the request is added (a 400 naming the problem).
+`strict` is accepted either way: the grammar always enforces the schema. Whether the schema makes a
+grammar is checked when the request is added (a 400 naming the problem).
 """
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """OpenAI's function tools, by grammar: `tools` with `tool_choice` "required" or a named function.
 
-The model is told about the tools (a system message) and its answer is constrained by a JSON schema built from
-them, as vLLM does, so the arguments always parse:
-
-- a named function, `{"type": "function", "function": {"name": "open_ticket"}}`: the answer is that function's
-  arguments, under its `parameters` schema;
-- `"required"`: the answer is a JSON array of calls, each `{"name": <one of the tools>, "parameters": {...}}`
-  under that tool's schema (`parallel_tool_calls: false`: exactly one call).
-
-The answer then comes back as `message.tool_calls` ([{id, type: "function", function: {name, arguments}}], the
-arguments a JSON string) with finish_reason "tool_calls"; a stream sends `delta.tool_calls` as OpenAI does: a
-call's index, id and name once its name is complete, then fragments of its arguments as they grow.
-
-Not supported, with a 400 that says so: `tool_choice: "auto"` (also OpenAI's default when tools are given).
-Choosing between text and a call needs a chat template trained for tools and a parser of its format;
-SmolLM2's template has neither. `tool_choice: "none"` gives a plain answer (the tools are not shown).
-Tool results sent back (role "tool") are not supported either: the chat roles are system, user, assistant.
+As in vLLM, the tools are described to the model and its output is constrained by a JSON schema built
+from them: a named function's arguments, or for "required" a JSON array of
+`{"name", "parameters"}` calls (`parallel_tool_calls: false`: one call). The output comes back as
+`message.tool_calls` (streamed as `delta.tool_calls`) with finish_reason "tool_calls".
+`tool_choice: "auto"` is refused (it needs a chat template with a tool format; SmolLM2's has none),
+and so are role "tool" messages.
 """
 from __future__ import annotations
 
@@ -28,16 +18,16 @@ from dataclasses import dataclass, field
 from ..structured_outputs_params import StructuredOutputsParams
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
-# A call's opening in the array of "required", as the grammar lays it out (json.dumps's separators).
+# A call's opening in the array of "required", with json.dumps's separators.
 _CALL_START = re.compile(r'\s*[\[,]\s*\{"name": "((?:[^"\\]|\\.)*)", "parameters": ')
 
 
 @dataclass
 class ToolCallRequest:
-    functions: list[dict]             # each {"name", "description", "parameters"}, as the client gave them
+    functions: list[dict]             # each {"name", "description", "parameters"}
     named: str | None                 # tool_choice's function; None for "required"
-    parallel: bool = True             # parallel_tool_calls: more than one call allowed ("required")
-    ids: list[str] = field(default_factory=list)  # one per call, made as the calls appear
+    parallel: bool = True             # parallel_tool_calls
+    ids: list[str] = field(default_factory=list)  # one per call
 
     @property
     def structured_outputs(self) -> StructuredOutputsParams:
@@ -55,8 +45,7 @@ class ToolCallRequest:
         return next(f for f in self.functions if f["name"] == name)
 
     def describe(self, messages: list[dict]) -> list[dict]:
-        """The messages with the tools described in the system message (SmolLM2's chat template has no tools
-        section, so they go in as text; a system message already there gets it appended)."""
+        """The messages with the tools described as text in the system message."""
         listing = json.dumps([{"name": f["name"], "description": f.get("description", ""),
                                "parameters": _parameters(f)} for f in self.functions])
         if self.named is not None:
@@ -70,7 +59,7 @@ class ToolCallRequest:
         return [{"role": "system", "content": text}, *messages]
 
     def calls(self, text: str) -> list[tuple[str, str]]:
-        """(name, arguments so far) of each call the answer holds; the last one may still be growing."""
+        """(name, arguments so far) of each call in the output; the last may still be growing."""
         if self.named is not None:
             return [(self.named, text)]
         calls, pos = [], 0
@@ -90,7 +79,7 @@ class ToolCallRequest:
         return self.ids[index]
 
     def into_choice(self, choice: dict, text: str) -> dict:
-        """A whole answer's choice, its text turned into `message.tool_calls`."""
+        """A whole output's choice, its text turned into `message.tool_calls`."""
         choice["message"] = {"role": "assistant", "content": None, "tool_calls": [
             {"id": self._id(i), "type": "function", "function": {"name": name, "arguments": arguments}}
             for i, (name, arguments) in enumerate(self.calls(text))]}
@@ -98,11 +87,10 @@ class ToolCallRequest:
         return choice
 
     def into_delta(self, choice: dict, text: str, sent: list[int]) -> dict:
-        """A stream's chunk: what the calls gained since the last chunk (`sent`: the arguments' length already
-        sent per call, updated here), as `delta.tool_calls`."""
+        """A stream's chunk: what the calls gained since `sent` (arguments' lengths sent, updated here)."""
         deltas = []
         for i, (name, arguments) in enumerate(self.calls(text)):
-            if i == len(sent):  # a new call: its id and name, and its arguments so far
+            if i == len(sent):  # a new call
                 deltas.append({"index": i, "id": self._id(i), "type": "function",
                                "function": {"name": name, "arguments": arguments}})
                 sent.append(len(arguments))
@@ -145,8 +133,8 @@ def _value_end(text: str, start: int) -> int | None:
 
 
 def parse_tools(body: dict) -> ToolCallRequest | None:
-    """`tools`, `tool_choice` and `parallel_tool_calls` of a chat body -> what to constrain (None: a plain
-    answer); ValueError naming the field otherwise."""
+    """`tools`, `tool_choice` and `parallel_tool_calls` of a chat body -> what to constrain, or None;
+    ValueError naming a bad field."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not tools:
         if tools is not None and not isinstance(tools, list):
