@@ -1,11 +1,8 @@
-"""minivllm: a compact, readable LLM inference engine that re-builds what makes vLLM fast.
+"""minivllm: a compact, readable re-build of vLLM.
 
     >>> from minivllm import LLM, SamplingParams
     >>> llm = LLM("smollm2-135m")
     >>> llm.generate("The capital of France is", SamplingParams(temperature=0))[0].outputs[0].text
-
-Online serving: `AsyncLLM` (streams outputs to asyncio code) and `minivllm serve MODEL`
-(an OpenAI-compatible HTTP server).
 """
 from .engine.async_llm import AsyncLLM
 from .llm import LLM

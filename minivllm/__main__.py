@@ -1,4 +1,4 @@
-"""`python -m minivllm serve MODEL`: the same as the `minivllm` command."""
+"""`python -m minivllm`: the `minivllm` command."""
 from .cli import main
 
 main()

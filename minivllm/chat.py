@@ -1,9 +1,7 @@
-"""Chat messages -> prompt token ids, through the tokenizer's chat template (checked first).
+"""Chat messages -> prompt token ids, through the tokenizer's chat template.
 
-A chat model was trained on conversations laid out in its own format (special tokens around each
-turn); the tokenizer's Jinja chat template writes that format. Messages are checked here, at the
-door: a message without a role would otherwise fail deep inside the template engine. The server
-runs `check_messages` on each request body (protocol.parse_request), so a bad one is a 400.
+Messages are checked first (`check_messages`, also run by the server on each request), so a bad one
+gets a clear error rather than a failure inside the template engine.
 """
 from __future__ import annotations
 
@@ -40,9 +38,9 @@ def check_messages(messages) -> list[dict]:
 
 
 def encode_chat(tokenizer, messages) -> list[int]:
-    """Token ids of a conversation with the assistant's turn opened (ready to generate the answer)."""
+    """Token ids of a conversation with the assistant's turn opened."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no tokenizer with a chat template: use token-id prompts")
     text = tokenizer.apply_chat_template(check_messages(messages), tokenize=False, add_generation_prompt=True)
-    # The template already wrote the special tokens (BOS included): adding them again would double them.
+    # The template already wrote the special tokens.
     return tokenizer.encode(text, add_special_tokens=False)

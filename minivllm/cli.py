@@ -1,12 +1,8 @@
 """The `minivllm` command: `minivllm serve MODEL [--engine-flags] [--host H --port P]`.
 
-Every keyword of `LLM(...)` is a flag, in kebab case, read off `EngineConfig` itself so the two can
-never drift apart: `--max-model-len 1024 --num-kv-blocks 256 --dtype float32 --device cpu`, and
-switches such as `--enforce-eager` or `--no-enable-prefix-caching`.
-
-The server runs until Ctrl-C or SIGTERM (then it stops the engine core and any workers, and exits
-0), or until the engine core dies (then open streams get an error event, `/health` answers 503 and
-the server exits with status 1 within a few seconds, so that a supervisor restarts it).
+Every field of `EngineConfig` is a kebab-case flag (`--max-model-len 1024`, `--no-enable-prefix-caching`).
+Ctrl-C or SIGTERM stops the engine and exits 0; if the engine core dies, open streams get an error
+event and the server exits 1, so that a supervisor restarts it.
 """
 from __future__ import annotations
 
@@ -55,13 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-ENGINE_DEAD_GRACE_S = 2.0   # the open streams' error events go out before the server stops
+ENGINE_DEAD_GRACE_S = 2.0   # time for the open streams' error events to go out
 
 
 class _StopSignal(Exception):
-    """SIGTERM or Ctrl-C. uvicorn catches them while it serves, shuts down gracefully, then raises the
-    signal again for the handler that was there before: this one, so that the engine core is stopped
-    (not left to notice that its parent is gone) and the exit status is 0."""
+    """SIGTERM or Ctrl-C, re-raised by uvicorn after its graceful shutdown, so the engine core is stopped."""
 
 
 def _raise_stop(signum, frame):
@@ -90,7 +84,7 @@ def serve(args: argparse.Namespace) -> None:
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"minivllm serve: {e}") from None
     app = build_app(engine, args.served_model_name or args.model)
-    freeze_startup_objects()  # the frontend's streams must not stall on a full collection either
+    freeze_startup_objects()  # keep startup objects out of the garbage collector's full collections
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=3))
 

@@ -1,16 +1,13 @@
 """Configuration: what the model is (ModelConfig) and how the engine runs it (EngineConfig).
 
-`ModelConfig` reads a Hugging Face `config.json` and keeps only what a Llama/Mistral
-forward pass needs, under names that say what they are::
+`ModelConfig` keeps what a Llama/Mistral forward needs from a Hugging Face `config.json` (rope
+settings at the top level, as transformers 4 writes them, or in transformers 5's `rope_parameters`)::
 
     >>> cfg = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 100,
     ...     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     ...     "num_attention_heads": 4, "num_key_value_heads": 2})
     >>> cfg.head_dim, cfg.num_kv_heads, cfg.rope_theta
     (16, 2, 10000.0)
-
-transformers 4.x writes `rope_theta`/`rope_scaling` at the top level, transformers 5.x writes
-a `rope_parameters` dict: both are understood.
 """
 from __future__ import annotations
 
@@ -42,7 +39,7 @@ class ModelConfig:
     rope_scaling: dict | None = None  # {"rope_type": "linear" | "llama3", ...} or None
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
-    sliding_window: int | None = None  # Mistral: attend to the last `sliding_window` tokens only
+    sliding_window: int | None = None  # attend to the last `sliding_window` tokens only
     attention_bias: bool = False
     mlp_bias: bool = False
     bos_token_id: int | None = None
@@ -107,20 +104,18 @@ DTYPE_NAMES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": t
 
 
 def resolve_dtype(dtype: str | torch.dtype, model_config: ModelConfig, device: str = "cpu") -> torch.dtype:
-    """Turn the user's dtype choice into a torch dtype. "auto" keeps the checkpoint's dtype on a
-    GPU and uses float32 on a CPU (CPUs are slow and inexact in half precision)."""
+    """The torch dtype for a dtype choice: "auto" is the checkpoint's dtype on a GPU, float32 on a CPU."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
         if str(device).startswith("cpu"):
             return torch.float32
         chosen = DTYPE_NAMES.get(model_config.torch_dtype.replace("torch.", ""), torch.float32)
-        # Before Ampere (sm_80) there is no bf16 in hardware, e.g. Colab's T4 (sm_75): torch would
-        # emulate it and Triton's tl.dot refuses it.
+        # No bf16 in hardware before sm_80 (a T4): torch would emulate it and Triton's tl.dot refuses it.
         if chosen == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] < 8:
             chosen = torch.float16
         return chosen
-    return DTYPE_NAMES[dtype]  # a name EngineConfig has already checked
+    return DTYPE_NAMES[dtype]
 
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
@@ -128,17 +123,14 @@ SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 @dataclass
 class SpeculativeConfig:
-    """Speculative decoding (vLLM's `speculative_config`): guess `num_speculative_tokens` tokens cheaply, then
-    check them all in one forward of the model, which keeps the longest run it agrees with.
+    """Speculative decoding (vLLM's `speculative_config`): propose `num_speculative_tokens` draft tokens,
+    then verify them in one forward of the target model.
 
-    - "ngram": prompt lookup. The longest suffix of the sequence, between `prompt_lookup_min` and
-      `prompt_lookup_max` tokens, that occurred earlier in it proposes the tokens that followed it then.
-    - "draft_model": a smaller model with the same vocabulary (`model`: a folder, hub id or preset) guesses.
-
-    `disable_by_batch_size`: no guesses while this many sequences or more are running (a big batch already
-    keeps the GPU busy, and every rejected guess is work thrown away); None = always guess.
-    `adaptive`: each request guesses one token more than it has recently been keeping (at least 1, at most
-    `num_speculative_tokens`), so a request whose guesses fail (free chat) pays for one guess per step, not k."""
+    method "ngram" (prompt lookup: an earlier occurrence of the sequence's last `prompt_lookup_min`..
+    `prompt_lookup_max` tokens proposes what followed it) or "draft_model" (a smaller `model` with the
+    same vocabulary). `disable_by_batch_size`: no drafts while this many sequences or more are running.
+    `adaptive`: each request proposes one draft token more than it has recently had accepted (1 to
+    `num_speculative_tokens`)."""
     method: str
     num_speculative_tokens: int
     prompt_lookup_min: int = 1
@@ -149,7 +141,7 @@ class SpeculativeConfig:
 
     @classmethod
     def parse(cls, value) -> SpeculativeConfig:
-        """A dict (the JSON of --speculative-config) or a SpeculativeConfig -> a checked SpeculativeConfig."""
+        """A dict (the JSON of --speculative-config) or a SpeculativeConfig -> a checked one."""
         if isinstance(value, cls):
             value = {f.name: getattr(value, f.name) for f in fields(cls)}
         if not isinstance(value, dict):
@@ -184,7 +176,7 @@ class SpeculativeConfig:
 
 @dataclass
 class EngineConfig:
-    """The knobs of `LLM(...)`, each a `--kebab-case` flag of `minivllm serve`; README.md says what each one means."""
+    """The keywords of `LLM(...)`, each a `--kebab-case` flag of `minivllm serve` (described in README.md)."""
     model: str
     dtype: str = "auto"
     device: str | None = None
@@ -192,35 +184,27 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float = 0.9
-    # The GPU's memory as this engine sees it, in bytes (None: the whole GPU). Set, the engine behaves as on
-    # a GPU of that size: gpu_memory_utilization is a share of it and other processes' memory does not
-    # count, so several capped engines can share one big GPU (a 16 GB T4's budget on an H200, say).
+    # The GPU memory this engine treats as the whole GPU (gpu_memory_utilization is a share of it).
     gpu_memory_limit_bytes: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    # Switches for ablations (every optimization on, one off): False gives each sequence one
-    # block of max_model_len tokens (a contiguous cache; num_kv_blocks still counts blocks of
-    # block_size tokens, rounded down to whole rows), and static batching.
+    # Ablation switches: a contiguous cache (one max_model_len block per sequence), static batching.
     enable_paged_kv: bool = True
     enable_continuous_batching: bool = True
     attention_backend: str = "auto"
     enforce_eager: bool = False
-    # Overlap the CPU and the GPU (vLLM's async scheduling): the CPU schedules and prepares step
-    # n+1 while the GPU runs step n. False runs them one after the other (the ablation).
+    # vLLM's async scheduling: the CPU prepares step n+1 while the GPU runs step n.
     async_scheduling: bool = True
-    # The model split over this many GPUs (NCCL) or CPU processes (gloo): each holds 1/N of every
-    # layer and of the KV cache, and the engine starts N - 1 worker processes for the other ranks.
     tensor_parallel_size: int = 1
-    # Speculative decoding: a dict (vLLM's words, see SpeculativeConfig), or None for none.
+    # A dict of SpeculativeConfig's fields, or None.
     speculative_config: dict | None = None
     seed: int = 0
 
     def __post_init__(self):
-        # Every knob is reachable from the server's command line: each gets a clear message here,
-        # at the door, rather than a failure (or a silent replacement) deep inside the engine.
+        # Every field is a server flag: check each here with a clear message, not deep inside the engine.
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size", "num_kv_blocks", "max_num_batched_tokens",
                      "max_model_len", "gpu_memory_limit_bytes"):
             value = getattr(self, name)
@@ -233,8 +217,8 @@ class EngineConfig:
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.attention_backend not in ("auto", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton', got {self.attention_backend!r}")
-        has_triton = importlib.util.find_spec("triton") is not None  # an extra: a Mac has no wheels for it
-        if self.attention_backend == "auto":  # the fused kernels where they run natively (and are installed)
+        has_triton = importlib.util.find_spec("triton") is not None  # an optional extra
+        if self.attention_backend == "auto":
             self.attention_backend = "triton" if torch.device(self.device).type == "cuda" and has_triton else "torch"
         if self.attention_backend == "triton" and not has_triton:
             raise ValueError("attention_backend='triton' needs the triton package: pip install 'minivllm[triton]'")
@@ -254,8 +238,7 @@ class EngineConfig:
                 raise ValueError("a draft model runs on rank 0 alone: speculative_config's 'draft_model' does not "
                                  "combine with tensor_parallel_size > 1 (the 'ngram' method does)")
             if self.async_scheduling:
-                # A step's proposals depend on the tokens the step before accepted: the CPU cannot plan step
-                # n+1 while step n is on the GPU. (vLLM overlaps them with GPU-side proposers; not done here.)
+                # A step's proposals depend on the tokens the previous step accepted.
                 logger.warning("speculative decoding runs the CPU's work and the GPU's one after the other: "
                                "async_scheduling is turned off")
                 self.async_scheduling = False

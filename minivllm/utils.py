@@ -1,4 +1,4 @@
-"""Small shared helpers: progress bars that stay quiet in CI, and the smoke-mode switch."""
+"""Small shared helpers: progress bars and the smoke-mode switch."""
 from __future__ import annotations
 
 import os
