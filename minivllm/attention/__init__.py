@@ -1,8 +1,4 @@
-"""Attention: the metadata of a flat batch, the backends (the torch reference, the Triton kernels), and the layer.
-
-Read in this order: `metadata.py` (what travels with a batch), `backend.py` (what a backend does),
-`torch_ref.py` and `triton_backend.py` (the two backends), `selector.py` (one chosen by name), `layer.py`.
-"""
+"""Attention: a flat batch's metadata, the backends (torch reference, Triton kernels) and the layer."""
 from __future__ import annotations
 
 from .backend import AttentionBackend

@@ -1,10 +1,5 @@
-"""The attention layer: store this step's keys/values in the cache, then attend.
-
-Each decoder layer owns one `Attention`. The model runner binds that layer's slice of the KV
-cache to it once (`bind_cache`); the per-step metadata arrives with every forward call, already
-built by the model's attention backend (`AttentionBackend.build_metadata`), which also runs the
-forward. A forward with no cache at all (recomputation, the profiling run) is the reference's,
-whatever the backend.
+"""The attention layer: holds its KV cache (`bind_cache`) and hands the forward to the backend;
+a forward without a cache uses the torch reference.
 """
 from __future__ import annotations
 

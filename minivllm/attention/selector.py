@@ -1,4 +1,4 @@
-"""The one place an attention backend is chosen by name (vLLM's `get_attn_backend`)."""
+"""Chooses an attention backend by name (vLLM's `get_attn_backend`)."""
 from __future__ import annotations
 
 from .backend import AttentionBackend
@@ -9,7 +9,7 @@ BACKENDS = ("torch", "triton")
 
 def get_attention_backend(name: str, sliding_window: int | None = None) -> AttentionBackend:
     if name == "triton":
-        from .triton_backend import TritonAttentionBackend  # triton loads only when asked for
+        from .triton_backend import TritonAttentionBackend  # imports triton only when asked for
         return TritonAttentionBackend(sliding_window)
     if name == "torch":
         return TorchAttentionBackend(sliding_window)

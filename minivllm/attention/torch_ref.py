@@ -1,19 +1,6 @@
-"""Reference attention in plain PyTorch: readable first, fast enough to test against.
-
-One function serves prefill and decode, paged and contiguous caches, GQA and sliding
-windows, because all of them are the same computation on a padded view of the flat batch:
-
-1. pad the flat queries into `[num_seqs, max_query_len, heads, head_dim]`;
-2. gather each sequence's keys/values from the cache by its block table into
-   `[num_seqs, max_context_len, kv_heads, head_dim]`;
-3. mask: query at absolute position p sees key j when j <= p (causal), j < context_len,
-   and j > p - sliding_window (the window keeps the last `sliding_window` tokens);
-4. softmax attention, then drop the padding again.
-
-Decodes (one query each) and prefill chunks are attended as two groups, so a decode is
-never padded to a chunk's length. The index tensors and the masks are the same for every
-layer, so they are built once per step (`TorchAttentionMetadata.build`). The Triton kernels
-(`minivllm.kernels`, notebook 10) compute the same thing without the gather.
+"""Reference attention in plain PyTorch: pad the flat batch, gather each sequence's keys and values
+through its block table, mask (causal, sliding window), attend with SDPA, unpad. Decodes and
+prefill chunks are padded as two groups.
 """
 from __future__ import annotations
 
@@ -37,10 +24,7 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def _pad_index(cu_seqlens: torch.Tensor, max_len: int, num_tokens: int):
-    """Index of each sequence's i-th token in the flat batch, whether it exists, where the real
-    tokens sit in the padded layout, and the lengths. `unpad` is computed from the token count the
-    host knows, not with `nonzero()` or a boolean mask, whose output size the host would have to wait
-    for the GPU to learn: the CPU then keeps running ahead of the GPU (notebook 12)."""
+    """(index, valid, unpad, lens) of the padded layout. No `nonzero()`, which would sync the host."""
     lens = cu_seqlens[1:] - cu_seqlens[:-1]
     i = torch.arange(max_len, device=cu_seqlens.device)
     valid = i[None, :] < lens[:, None]
@@ -52,8 +36,7 @@ def _pad_index(cu_seqlens: torch.Tensor, max_len: int, num_tokens: int):
 
 
 def attention_mask(q_lens, kv_lens, num_queries, num_keys, sliding_window=None, q_valid=None):
-    """[B, Lq, Lk] bool: may query i of sequence b see key j? The new queries are the last
-    q_lens[b] of the kv_lens[b] tokens of sequence b."""
+    """[B, Lq, Lk] bool: may query i of sequence b (its last q_lens[b] of kv_lens[b] tokens) see key j?"""
     device = q_lens.device
     q_pos = (kv_lens - q_lens)[:, None] + torch.arange(num_queries, device=device)[None, :]
     k_pos = torch.arange(num_keys, device=device)[None, None, :]
@@ -61,13 +44,12 @@ def attention_mask(q_lens, kv_lens, num_queries, num_keys, sliding_window=None, 
     if sliding_window is not None:
         mask &= k_pos > q_pos[:, :, None] - sliding_window
     if q_valid is not None:
-        mask |= ~q_valid[:, :, None]  # padding rows: any finite softmax will do, they are dropped
+        mask |= ~q_valid[:, :, None]  # padding rows: dropped later, need only a finite softmax
     return mask
 
 
 def _expand_kv_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """GQA: each KV head serves `num_heads / kv_heads` consecutive query heads. (expand + reshape
-    rather than repeat_interleave, which can wait on the GPU to learn its output size.)"""
+    """GQA: each KV head serves `num_heads / kv_heads` consecutive query heads."""
     b, n, kv_heads, d = x.shape
     group = num_heads // kv_heads
     return x[:, :, :, None, :].expand(b, n, kv_heads, group, d).reshape(b, n, num_heads, d)
@@ -75,16 +57,11 @@ def _expand_kv_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def masked_attention(q, k, v, mask, scale):
     """Softmax attention over padded tensors: q [B, Lq, Hq, D], k/v [B, Lk, Hkv, D], mask [B, Lq, Lk]."""
-    # GQA on a CPU: SDPA reads each KV head for its group of query heads in place (enable_gqa). Copying
-    # the KV heads out to every query head first writes Hq / Hkv times the gathered keys and values,
-    # and on a CPU that copy, not the attention, was most of a decode step (4x slower per layer for
-    # SmolLM2's 3 KV heads). On a GPU the expanded copy stays: the memory-efficient kernel, the one
-    # that takes a mask, does not do GQA, and SDPA would fall back to its slow math path.
+    # On a GPU, SDPA's kernel that takes a mask does not do GQA: expand the KV heads there.
     gqa = q.device.type == "cpu"
     if not gqa:
         k, v = _expand_kv_heads(k, q.shape[2]), _expand_kv_heads(v, q.shape[2])
-    # Not cuDNN's backend: it builds a new plan for every new shape, and during decode the
-    # context grows by one token per step, so every step would pay tens of ms for a plan.
+    # Not cuDNN's backend: it builds a plan for every new shape, and decode's context grows each step.
     with sdpa_kernel(SDP_BACKENDS):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                              attn_mask=mask[:, None], scale=scale, enable_gqa=gqa)
@@ -93,24 +70,23 @@ def masked_attention(q, k, v, mask, scale):
 
 @dataclass
 class GroupPlan:
-    """How one group of sequences (the decodes, or the prefill chunks) is attended on a padded view."""
-    q_index: torch.Tensor   # [B, Lq] flat index of each padded query
-    unpad: torch.Tensor     # where the real queries sit in the flattened [B * Lq] output
-    slots: torch.Tensor     # [B, Lk] cache slot of each key
+    """The padded view of one group of sequences (the decodes, or the prefill chunks)."""
+    q_index: torch.Tensor   # [B, Lq]
+    unpad: torch.Tensor     # real queries in the flattened [B * Lq] output
+    slots: torch.Tensor     # [B, Lk]
     mask: torch.Tensor      # [B, Lq, Lk]
 
 
 @dataclass
 class TorchAttentionMetadata(AttentionMetadata):
-    """AttentionMetadata plus the reference's index tensors and masks: the same for every layer,
-    so `build` makes them once per step (the model runner calls it)."""
+    """AttentionMetadata plus the reference's index tensors and masks, built once per step."""
     groups: list[GroupPlan] = field(default_factory=list)
 
     @classmethod
     def build(cls, meta: AttentionMetadata, sliding_window: int | None = None) -> "TorchAttentionMetadata":
         common = {f.name: getattr(meta, f.name) for f in fields(AttentionMetadata)}
         d, groups = meta.num_decodes, []
-        if d > 0:  # decodes: one query each, padded only to the longest decode context
+        if d > 0:  # decodes: padded only to the longest decode context
             groups.append(_group_plan(meta, slice(0, d), 0, d, 1, meta.max_decode_context_len, sliding_window))
         if d < meta.num_seqs:
             groups.append(_group_plan(meta, slice(d, meta.num_seqs), d, meta.num_tokens - d, meta.max_query_len,
@@ -132,13 +108,11 @@ def _group_plan(meta: AttentionMetadata, seqs: slice, first_token: int, num_toke
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
-    """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D], keys/values read from the cache (the sliding
-    window, if any, is in the masks `TorchAttentionMetadata.build` made)."""
+    """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D], keys and values read from the cache."""
     outs = []
     k_slots, v_slots = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
     for g in meta.groups:
-        # index_select on the flat slot list, not k_slots[g.slots]: the same gather, but on a CPU
-        # advanced indexing takes about 1.7x as long for these [B, Lk] index tensors.
+        # index_select: the same gather as k_slots[g.slots], faster on a CPU.
         k = k_slots.index_select(0, g.slots.flatten()).view(*g.slots.shape, *k_slots.shape[1:])
         v = v_slots.index_select(0, g.slots.flatten()).view(*g.slots.shape, *v_slots.shape[1:])
         outs.append(masked_attention(q[g.q_index], k, v, g.mask, scale).flatten(0, 1)[g.unpad])
@@ -155,7 +129,7 @@ def attention_without_cache(q, k, v, meta: NoCacheMetadata, scale: float,
 
 
 class TorchAttentionBackend(AttentionBackend):
-    """The readable reference: index tensors and masks built once per step, then a padded gather and SDPA."""
+    """The readable reference: a padded gather and SDPA."""
     name = "torch"
 
     def build_metadata(self, meta: AttentionMetadata) -> TorchAttentionMetadata:

@@ -1,10 +1,5 @@
-"""Attention with the fused Triton kernels: the same computation as `torch_ref.paged_attention`
-without gathering every sequence's keys and values into a padded copy first.
-
-A step's flat batch puts its decodes first (one query each), then the prefill chunks. The
-decodes go to the split-K decode kernel, which reads each KV block once per GQA group; the
-chunks go to the flash-attention-style prefill kernel. Both read the cache through the block
-tables, and both skip blocks outside a sliding window.
+"""Attention with the Triton kernels: decodes (first in the batch) to the split-K decode kernel,
+prefill chunks to the prefill kernel, both reading the paged cache in place.
 """
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ from .metadata import AttentionMetadata
 
 @dataclass
 class TritonAttentionMetadata(AttentionMetadata):
-    """AttentionMetadata plus the prefill chunks' query offsets counted from the first chunk token,
-    which the prefill kernel takes: the same for every layer, so `build` computes them once per step."""
+    """AttentionMetadata plus the prefill chunks' query offsets, counted from the first chunk token."""
     prefill_cu_seqlens: torch.Tensor | None = None
 
     @classmethod
@@ -35,12 +29,12 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, sc
     """q: [T, Hq, D], k/v: [T, Hkv, D] of this step's tokens -> [T, Hq, D]."""
     store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     d = meta.num_decodes
-    if d == meta.num_seqs:  # a decode-only step, the common case (and what decode graphs capture)
+    if d == meta.num_seqs:  # decode-only step (what decode graphs capture)
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
                                       sliding_window)
     prefill = paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_cu_seqlens, meta.context_lens[d:],
                                       meta.block_tables[d:], meta.max_query_len, scale, sliding_window)
-    if d == 0:  # (verify graphs too: every sequence, decodes included, goes to the prefill kernel)
+    if d == 0:  # also verify graphs: every sequence goes to the prefill kernel
         return prefill
     decode = paged_decode_attention(q[:d], k_cache, v_cache, meta.block_tables[:d], meta.context_lens[:d],
                                     scale, sliding_window)
@@ -48,8 +42,7 @@ def paged_attention(q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, sc
 
 
 class TritonAttentionBackend(AttentionBackend):
-    """The fused kernels; a decode or verify step through them has no host sync, and grids sized from the
-    metadata's maxima (which a graph fixes), so CUDA graphs can capture it."""
+    """The fused kernels; no host sync, so CUDA graphs can capture decode and verify steps."""
     name = "triton"
     supports_cuda_graphs = True
 
