@@ -44,7 +44,7 @@ ENGINE = dict(max_model_len=128, block_size=8, num_kv_blocks=40, max_num_seqs=6)
 
 
 def request(request_id: str, prompt: list[int], max_tokens: int) -> EngineCoreRequest:
-    return EngineCoreRequest(request_id, prompt, 0.0, 1.0, -1, max_tokens, True, [], None)
+    return EngineCoreRequest(request_id, prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
 
 
 # ---- the frontend's two clients give the offline engine's tokens ------------------------------

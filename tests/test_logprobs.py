@@ -5,6 +5,7 @@ log_softmax at each position, the chosen token's logprob and rank and the top N.
 and the GPU overlapped or not, with chunked prefill cutting the prompts, with penalties on (logprobs are
 vLLM's raw ones: from the model's logits before any processing), and with a speculative proposer.
 """
+import msgspec
 import pytest
 import torch
 from test_engine import random_prompts
@@ -93,7 +94,8 @@ def test_bad_logprobs_values_are_value_errors(name, value):
 
 def test_logprobs_cross_the_wire():
     params = SamplingParams(logprobs=3)
-    assert EngineCoreRequest.of("r", [1, 2], params).sampling_params().logprobs == 3
+    wire = msgspec.msgpack.encode(EngineCoreRequest("r", [1, 2], params))
+    assert msgspec.msgpack.decode(wire, type=EngineCoreRequest).sampling_params.logprobs == 3
 
 
 @pytest.mark.parametrize("engine_core_process", [True, False])

@@ -1,8 +1,8 @@
-"""n > 1 (parallel sampling): the prompt is prefilled once and its blocks are shared by the n answers.
+"""n > 1 (parallel sampling): n requests in the core, one per completion, that share the prompt's full blocks.
 
-Each answer equals what its seed (seed + i) gives alone; the KV blocks used at the peak and the prompt
-tokens computed are those of one prompt (plus each answer's own blocks), against n times as many for n
-separate requests; preemption (a tiny pool), chunked prefill, prefix caching and an abort leak no block.
+Each completion equals what its seed (seed + i) gives alone; the full prompt blocks are computed once and
+held once (the prefix cache), each completion computing only the prompt's partial last block; preemption
+(a tiny pool), chunked prefill, prefix caching and an abort leak no block.
 """
 import pytest
 from test_engine import random_prompts
@@ -11,7 +11,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.core.block_manager import cdiv
 from minivllm_lab.bench import parallel_sampling
 
-P, T, BS = 37, 8, 8  # the prompt's last block is partial: the answers copy it when they first write
+P, T, BS = 37, 8, 8  # the prompt's last block is partial: each completion computes it
 
 
 def run(llm, prompts, params):
@@ -29,25 +29,25 @@ def sampled(seed, n=1, **kw):
 @pytest.mark.parametrize("engine_args", [dict(), dict(async_scheduling=False), dict(max_num_batched_tokens=16)])
 def test_n_shares_the_prompt_and_each_answer_equals_its_seed_alone(tiny_llama, engine_args):
     prompt = random_prompts(1, seed=3, low=P, high=P + 1)[0]
-    llm = LLM(tiny_llama[0], max_model_len=80, num_kv_blocks=40, block_size=BS, enable_prefix_caching=False,
-              **engine_args)
+    llm = LLM(tiny_llama[0], max_model_len=80, num_kv_blocks=40, block_size=BS, **engine_args)
     [out], peak, prefill = run(llm, [prompt], [sampled(11, n=4, logprobs=0)])
     alone, peak_alone, prefill_alone = run(llm, [prompt] * 4, [sampled(11 + i, logprobs=0) for i in range(4)])
     assert [c.index for c in out.outputs] == [0, 1, 2, 3]
     assert [c.token_ids for c in out.outputs] == [a.outputs[0].token_ids for a in alone]
-    # The same logits too: every answer read the right keys and values (its copied block, its own table).
+    # The same logits too: every completion read the right keys and values (shared blocks, its own).
     for c, a in zip(out.outputs, alone):
         assert [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)] == \
                pytest.approx([d[t].logprob for d, t in zip(a.outputs[0].logprobs, c.token_ids)], abs=1e-5)
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # temperature 1: different answers
     # KV written per answer: the prompt and all its tokens but the last (never fed back).
     own = cdiv(P + T - 1, BS) - P // BS
-    assert peak == P // BS + 4 * own  # the full prompt blocks once, the partial one copied by 3 answers
-    if "max_num_batched_tokens" in engine_args:  # chunks of 16: the separate prompts run one after the other
-        assert peak < peak_alone
-    else:
-        assert peak_alone == 4 * cdiv(P + T - 1, BS)
-    assert (prefill, prefill_alone) == (P, 4 * P)  # the prompt computed once
+    if "max_num_batched_tokens" in engine_args:  # chunks of 16: completions join as blocks get cached
+        assert P + 3 * (P % BS) <= prefill < 4 * P and peak < 4 * cdiv(P + T - 1, BS)
+    else:  # the full prompt blocks computed and held once; the partial one by each completion
+        assert (peak, prefill) == (P // BS + 4 * own, P + 3 * (P % BS))
+        # n > 1 is n requests sharing the prefix cache: the same blocks as 4 separate requests (which find the
+        # prompt's full blocks cached by the run above)
+        assert (peak_alone, prefill_alone) == (peak, 4 * (P % BS))
 
 
 def test_n_with_preemption_prefix_caching_and_logprobs(tiny_llama):

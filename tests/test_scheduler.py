@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_block_manager import check_invariants
 
+from minivllm.core.async_scheduler import AsyncScheduler
 from minivllm.core.block_manager import NO_BLOCK, BlockManager, cdiv
 from minivllm.core.scheduler import Scheduler
 from minivllm.core.sequence import Sequence, SequenceStatus
+from minivllm.engine.core import EngineCore
 from minivllm.engine.input_processor import InputProcessor
-from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling_params import SamplingParams
 
 STOP = 3
@@ -56,9 +57,9 @@ class FakeExecutor:
             known = seq.token_ids[e.start:e.start + e.num_tokens]
             if len(known) < e.num_tokens:  # its input token is still on the "GPU": the last step sampled it
                 assert e.num_tokens == 1 and seq.request_id in self.last_sampled_rows
-            # A sampling entry reaches its last token (its sample is already counted as a placeholder).
+            # A sampling entry reaches its last token (with async scheduling its sample is already a placeholder).
             end = e.start + e.num_tokens
-            assert end == seq.num_tokens - 1 if e.samples else end < seq.num_tokens
+            assert end == seq.num_tokens - isinstance(sched, AsyncScheduler) if e.samples else end < seq.num_tokens
         self.num_steps += 1
         return [true_token(e.seq.request_id, e.start + e.num_tokens - e.seq.num_prompt_tokens)
                 for e in out.entries if e.samples]
@@ -68,12 +69,13 @@ class FakeExecutor:
         return SimpleNamespace(tolist=lambda: tokens, logprobs=lambda: None)
 
 
-def fake_engine(scheduler: Scheduler, async_scheduling: bool, window=None) -> LLMEngine:
-    """The real LLMEngine step loop around the real scheduler, with the fake executor."""
-    config = SimpleNamespace(async_scheduling=async_scheduling)
+def fake_engine(scheduler: Scheduler, async_scheduling: bool, window=None) -> EngineCore:
+    """The real EngineCore step loop around the real scheduler, with the fake executor."""
+    assert async_scheduling == isinstance(scheduler, AsyncScheduler)
+    config = SimpleNamespace(async_scheduling=async_scheduling, device="cpu")
     inputs = InputProcessor(None, 1000, scheduler.max_model_len, scheduler.blocks.block_size,
                             scheduler.blocks.num_total_blocks, scheduler.max_num_batched_tokens, window)
-    return LLMEngine(config, scheduler, FakeExecutor(scheduler, window), inputs)
+    return EngineCore(config, scheduler, FakeExecutor(scheduler, window), inputs)
 
 
 def expected_tokens(seq: Sequence, max_model_len: int) -> list[int]:
@@ -97,9 +99,11 @@ def test_every_request_gets_exactly_its_tokens_and_nothing_leaks(data):
     min_blocks = cdiv(max_model_len, block_size) + 1
     bm = BlockManager(data.draw(st.integers(min_blocks, min_blocks + 10)), block_size,
                       enable_prefix_caching=window is None)
-    sched = Scheduler(bm, data.draw(st.integers(1, 5)), budget, max_model_len, enable_chunked_prefill=chunked,
-                      sliding_window=window, continuous=data.draw(st.booleans()))
-    engine = fake_engine(sched, async_scheduling=data.draw(st.booleans()), window=window)
+    overlap = data.draw(st.booleans())
+    sched = (AsyncScheduler if overlap else Scheduler)(
+        bm, data.draw(st.integers(1, 5)), budget, max_model_len, enable_chunked_prefill=chunked,
+        sliding_window=window, continuous=data.draw(st.booleans()))
+    engine = fake_engine(sched, async_scheduling=overlap, window=window)
     everyone, aborted, outputs = [], set(), {}
     for step in range(400):
         if step < 30 and data.draw(st.booleans()):
@@ -111,11 +115,12 @@ def test_every_request_gets_exactly_its_tokens_and_nothing_leaks(data):
             sched.add(seq)
         if everyone and data.draw(st.integers(0, 9)) == 0:   # an abort, possibly of a request in a step in flight
             victim = data.draw(st.sampled_from(everyone))
-            if engine.abort_request(victim.request_id) is not None:
+            if engine.abort_requests([victim.request_id]):
                 aborted.add(victim.request_id)
         for out in engine.step():
-            assert out.request_id not in outputs or not outputs[out.request_id].finished  # nothing after the end
-            outputs[out.request_id] = out
+            assert out.request_id not in outputs  # nothing after the end
+            if out.finish_reason is not None:
+                outputs[out.request_id] = out
         check_invariants(bm, sched.running)
         assert all(not s.block_table for s in sched.waiting)
         assert len(sched.running) <= sched.max_num_seqs
@@ -128,7 +133,7 @@ def test_every_request_gets_exactly_its_tokens_and_nothing_leaks(data):
         if seq.request_id in aborted:
             assert seq.output_token_ids == want[:len(seq.output_token_ids)]
         else:
-            assert seq.output_token_ids == want and outputs[seq.request_id].finished
+            assert seq.output_token_ids == want and seq.request_id in outputs
             assert seq.finish_reason == ("stop" if want[-1] in seq.params.stop_token_ids else "length")
     assert bm.num_free_blocks == bm.num_total_blocks
 
@@ -137,7 +142,7 @@ def test_a_request_that_stops_wastes_at_most_the_step_in_flight():
     # b's second token is its stop token; with async scheduling b is already in the next step when
     # that token reaches the host: that step's token for b is dropped, and b's blocks come back.
     bm = BlockManager(16, 4)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = AsyncScheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
     engine = fake_engine(sched, async_scheduling=True)
     stop_at = true_token("b", 1)
     b = Sequence("b", [1, 2, 3], SamplingParams(max_tokens=10, stop_token_ids=[stop_at]))
@@ -152,7 +157,7 @@ def test_a_request_that_stops_wastes_at_most_the_step_in_flight():
 def test_a_request_at_its_length_limit_is_not_scheduled_again():
     # The token in flight is surely the last (max_tokens): no step is wasted on it.
     bm = BlockManager(16, 4)
-    sched = Scheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
+    sched = AsyncScheduler(bm, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64)
     engine = fake_engine(sched, async_scheduling=True)
     sched.add(Sequence("a", [1, 2, 3], SamplingParams(max_tokens=3)))
     while engine.has_unfinished_requests():
@@ -173,7 +178,7 @@ def test_decodes_go_first_and_long_prompts_are_chunked():
         out = sched.schedule()
         assert out.decodes[0].seq is short and out.num_decodes == 1     # the decode never waits
         assert out.prefills[0].seq is long and out.prefills[0].num_tokens == 9   # the prompt fills the rest
-        engine._process((out, engine.executor.sample(engine.executor.execute_model(out), out)))
+        engine._update((out, engine.executor.sample(engine.executor.execute_model(out), out)))
     assert long.num_computed_tokens == 27
 
 

@@ -14,13 +14,6 @@ of computing them again. A block nobody references any more keeps its contents a
 hash, and waits in an LRU list: it counts as free, and is reused for new data only when
 the free list is empty, least recently used first.
 
-Parallel sampling (n > 1): the n answers of one request share the prompt's blocks (`fork`: each
-block's reference count + n - 1). Full blocks are only ever read. The last, partly filled one is
-written by every answer's first tokens: an answer that writes into a block others still hold first
-gets a copy of it (copy-on-write, as in the PagedAttention paper); the last one to write keeps it.
-The copies to make wait in `pending_copies` for the next step's runner: (request id, index in its
-table, source block, destination block).
-
 Sliding window: a sequence that attends only to its last `window` tokens releases the
 blocks that fell entirely out of the window (its table keeps a NO_BLOCK hole there).
 
@@ -57,7 +50,6 @@ class BlockManager:
         self.free_ids: list[int] = list(range(num_blocks - 1, -1, -1))  # never used or holding nothing
         self.evictable: OrderedDict[int, None] = OrderedDict()          # ref 0, cached contents, LRU first
         self.cached: dict[int, int] = {}                                # prefix hash -> block id
-        self.pending_copies: list[tuple[str, int, int, int]] = []        # copy-on-write: (id, index, src, dst)
 
     # ---- counts ------------------------------------------------------------------------
     @property
@@ -91,38 +83,17 @@ class BlockManager:
                 self.free_ids.append(block_id)
 
     def num_blocks_needed(self, seq, num_tokens: int) -> int:
-        """New blocks `seq` needs so that its first `num_tokens` tokens have slots (and its next write has a
-        block of its own)."""
+        """New blocks `seq` needs so that its first `num_tokens` tokens have slots."""
         need = cdiv(num_tokens, self.block_size) - len(seq.block_table)
-        need = need if need > 0 else 0  # not max(0, need): this runs for every sequence at every step
-        return need + 1 if self._shared_write_block(seq) is not None else need
-
-    def _shared_write_block(self, seq) -> int | None:
-        """The index in the table of the block the sequence writes next, if other sequences hold it too."""
-        i, table = seq.num_computed_tokens // self.block_size, seq.block_table
-        return i if i < len(table) and table[i] != NO_BLOCK and self.blocks[table[i]].ref_count > 1 else None
+        return need if need > 0 else 0  # not max(0, need): this runs for every sequence at every step
 
     def can_allocate(self, seq, num_tokens: int) -> bool:
         return self.num_blocks_needed(seq, num_tokens) <= self.num_free_blocks
 
     def allocate(self, seq, num_tokens: int) -> None:
-        """Give `seq` slots for its first `num_tokens` tokens (caller checked can_allocate); a shared block it
-        is about to write into is copied first."""
-        i = self._shared_write_block(seq)
-        if i is not None:  # copy-on-write: a block of its own, the same keys and values in it
-            old, new = seq.block_table[i], self._take_block()
-            seq.block_table[i] = new
-            self._release(old)
-            self.pending_copies.append((seq.request_id, i, old, new))
+        """Give `seq` slots for its first `num_tokens` tokens (the caller checked can_allocate)."""
         for _ in range(self.num_blocks_needed(seq, num_tokens)):
             seq.block_table.append(self._take_block())
-
-    def fork(self, parent, child) -> None:
-        """`child` shares every block of `parent` (parallel sampling: answers of one prompt)."""
-        for block_id in parent.block_table:
-            if block_id != NO_BLOCK:
-                self.blocks[block_id].ref_count += 1
-        child.block_table = list(parent.block_table)
 
     def free(self, seq) -> None:
         for block_id in reversed(seq.block_table):  # tail first: the LRU evicts a prefix's end first
@@ -132,7 +103,7 @@ class BlockManager:
         seq.num_cached_blocks = 0
 
     def free_tail(self, seq, num_tokens: int) -> bool:
-        """Give back the blocks past the sequence's first `num_tokens` slots (guesses that were not kept).
+        """Give back the blocks past the sequence's first `num_tokens` slots (rejected draft tokens).
         True if there were any."""
         keep = cdiv(num_tokens, self.block_size)
         freed = len(seq.block_table) > keep

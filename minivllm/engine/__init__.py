@@ -1,4 +1,4 @@
-"""The engine: sequences, the scheduler, the model runner, the sampler and LLMEngine that joins them."""
+"""The engine: the engine core (scheduler + executor), the input and output processors, LLMEngine and AsyncLLM."""
 from .llm_engine import LLMEngine
 
 __all__ = ["LLMEngine"]

@@ -33,7 +33,7 @@ from ..models.loader import load_tokenizer, resolve_model
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .core_client import InprocClient, MPClient
-from .core_messages import EngineCoreOutputs, EngineCoreRequest
+from .core_messages import EngineCoreOutputs
 from .input_processor import InputProcessor
 from .output_processor import OutputProcessor, RequestState, RequestStream
 
@@ -62,9 +62,9 @@ class AsyncLLM:
 
     @property
     def llm_engine(self):
-        """The `LLMEngine` when it runs in this process (`engine_core_process=False`). With the core in
+        """The `EngineCore` when it runs in this process (`engine_core_process=False`). With the core in
         its own process, this object stands for it: `requests`, `get_stats()`, `max_model_len`."""
-        return self.engine_core.engine if isinstance(self.engine_core, InprocClient) else self
+        return self.engine_core.core if isinstance(self.engine_core, InprocClient) else self
 
     @property
     def requests(self) -> dict[str, RequestState]:
@@ -88,7 +88,7 @@ class AsyncLLM:
         if params.prompt_logprobs is not None:  # not carried between the core and the frontend
             raise ValueError("prompt_logprobs is supported offline only (LLM, LLMEngine), not by AsyncLLM")
         if params.n > self.max_num_seqs:
-            raise ValueError(f"n={params.n} answers do not fit in max_num_seqs={self.max_num_seqs}")
+            raise ValueError(f"n={params.n} completions do not fit in max_num_seqs={self.max_num_seqs}")
         loop = asyncio.get_running_loop()
         self._loops.add(loop)
         # The core sees a unique id: a client may reuse its id once a request has finished here,
@@ -96,8 +96,8 @@ class AsyncLLM:
         state = RequestState(request_id, f"{request_id}#{next(self._ids)}", text, token_ids, params,
                              self.tokenizer, loop)
         state.stream.on_close = self._drop
-        self.output_processor.add(state)
-        self.engine_core.add_request(EngineCoreRequest.of(state.core_id, token_ids, params))
+        for request in self.output_processor.add_request(state):
+            self.engine_core.add_request(request)
         return state.stream
 
     async def generate(self, prompt, sampling_params: SamplingParams | None = None,
@@ -116,16 +116,18 @@ class AsyncLLM:
         """End a request now; its stream (if someone reads it) gets a last output, finish_reason "abort"."""
         state = self.requests.get(request_id)
         if state is not None:
+            core_ids = self.output_processor.core_ids(state)
             self.output_processor.finish(state, "abort")
-            self.engine_core.abort_requests([state.core_id])
+            self.engine_core.abort_requests(core_ids)
 
     def _drop(self, stream: RequestStream) -> None:
         """A stream's reader is gone: nobody hears of the request any more, and the core ends it. (Unless
         the id already names a newer request, which a client may add once the old one has finished.)"""
         state = stream.state
         if self.requests.get(state.request_id) is state:
+            core_ids = self.output_processor.core_ids(state)
             self.output_processor.remove(state)
-            self.engine_core.abort_requests([state.core_id])
+            self.engine_core.abort_requests(core_ids)
 
     def get_stats(self) -> dict:
         """The engine's numbers (LLMEngine.get_stats), as of the core's latest message."""
@@ -150,9 +152,13 @@ class AsyncLLM:
             self._on_loop(loop, self._process_outputs, messages, loop)
 
     def _process_outputs(self, messages: list[EngineCoreOutputs], loop) -> None:
-        to_abort = [answer for m in messages for answer in self.output_processor.process(m, loop)]
-        if to_abort:  # stop strings: the core stops generating what nobody will read (that answer only)
-            self.engine_core.abort_requests([], to_abort)
+        to_abort = []
+        for m in messages:
+            to_abort += self.output_processor.process_outputs(m.outputs, loop)[1]
+            for rejected in m.rejected:
+                self.output_processor.reject(rejected.request_id, rejected.message, loop)
+        if to_abort:  # stop strings: the core stops generating what nobody will read
+            self.engine_core.abort_requests(to_abort)
 
     def _on_core_dead(self, reason: str) -> None:
         self.error = EngineDeadError(reason)

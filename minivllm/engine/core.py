@@ -1,28 +1,14 @@
-"""EngineCore: the scheduler and the model runner in a busy loop, fed by messages, in a process of its own.
+"""EngineCore: the scheduler and the executor, one step at a time; its output is each request's new tokens.
 
-    main([INPUT_ADDRESS, OUTPUT_ADDRESS, CONFIG_JSON])     (started by AsyncLLM, in a child process)
+    >>> core = EngineCore.from_config(EngineConfig("smollm2-135m"))
+    >>> core.add_request(EngineCoreRequest("a", [1, 2, 3], SamplingParams(max_tokens=4)))
+    >>> while core.has_unfinished_requests():
+    ...     print(core.step())        # [EngineCoreOutput(request_id, new_token_ids, finish_reason, ...)]
 
-Why a process. A server's frontend (HTTP, JSON, tokenizing, detokenizing, one event per token per
-client) is Python, and so is the engine's step loop around the GPU. In one process they take turns
-on the GIL: while uvicorn writes a thousand SSE events, the GPU waits for its next step, and while
-the engine prepares a step, no client hears anything. vLLM measured it (the API server took a third
-of a step) and answered with its V1 architecture: `EngineCore` in its own process, talking to the
-frontend over ZMQ. So does minivllm. The two processes then run truly in parallel, on two cores.
-
-The loop (`EngineCore.run_busy_loop`):
-
-    idle: sleep until a message comes      busy: take what has come (adds, aborts), then one step
-    -> one `EngineCoreOutputs` message per step: every request's new token ids, finish reasons, stats
-       (and, during a step longer than STATS_INTERVAL_S, the stats alone, so /metrics stays current)
-
-Socket I/O runs in two threads of this process, as in vLLM: one receives and decodes (a message
-that does not decode as one of the typed structs is logged and dropped: nothing that arrives is
-trusted or unpickled), one encodes and sends, so neither ever delays the next step by more than a
-queue operation. The core does no text work: the frontend tokenizes, detokenizes and matches stop
-strings, and sends an abort when a stop string ends a request.
-
-`AsyncLLM(..., engine_core_process=False)` runs this same loop in a thread of the server's process
-instead (the ablation): the messages are then handed over in memory, not encoded.
+A step: schedule -> execute the model -> sample -> `Scheduler.update_from_output`. With async scheduling
+the next step is launched on the GPU before the host waits for this one's tokens (`step`). `LLMEngine`
+calls it in its own process; `AsyncLLM` runs it in a process of its own (`EngineCoreProc`, `main`),
+fed by ZMQ messages, so that the server's Python and the engine's never wait for each other.
 """
 from __future__ import annotations
 
@@ -35,62 +21,262 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 
+import msgspec
 import torch
 
-from ..config import EngineConfig
-from ..outputs import RequestOutput
+from ..config import EngineConfig, resolve_dtype
+from ..core.async_scheduler import AsyncScheduler
+from ..core.block_manager import BlockManager
+from ..core.scheduler import Scheduler, SchedulerOutput
+from ..core.sequence import Sequence
+from ..distributed.parallel_state import check_divisible, tp_size
+from ..executor import Executor, make_executor
+from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
+from ..outputs import EngineCoreOutput
+from ..spec_decode import DraftModelProposer, make_proposer
+from ..structured_output import StructuredOutputManager
+from ..worker.kv_cache import kv_bytes_per_token
+from ..worker.model_runner import SampledTokens
 from .core_messages import (
     AbortRequests,
     CoreInput,
     EngineCoreFailed,
-    EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreReady,
     EngineCoreRequest,
     RejectedRequest,
     Shutdown,
 )
-from .llm_engine import LLMEngine
+from .input_processor import InputProcessor
 
 logger = logging.getLogger("minivllm.engine.core")
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # a step's token budget when chunking: enough to keep a GPU busy
 STATS_INTERVAL_S = 0.1  # while busy, /metrics hears from the core at least this often, however long a step
 
 
-def make_engine(config: EngineConfig) -> LLMEngine:
-    """The engine a core runs: no tokenizer (the frontend does the text), in the process holding the GPU."""
+class EngineCore:
+    """The scheduler and the executor (plus the grammars and the draft proposer that steps need)."""
+
+    def __init__(self, config: EngineConfig, scheduler: Scheduler, executor: Executor,
+                 input_processor: InputProcessor, proposer=None,
+                 structured_output: StructuredOutputManager | None = None):
+        self.config = config
+        self.scheduler = scheduler
+        self.executor = executor
+        self.input_processor = input_processor  # the core checks requests again: a socket is not trusted
+        self.proposer = proposer  # speculative decoding: fills each verify entry's draft tokens
+        self.structured_output = structured_output
+        # The step launched on the GPU whose tokens the host has not read yet (async scheduling).
+        self._in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> EngineCore:
+        """Resolve the model, start the executor, size the KV pool from a profiling forward, allocate it,
+        capture the CUDA graphs and build the scheduler."""
+        source = resolve_model(config.model)
+        cfg = source.config
+        dtype = resolve_dtype(config.dtype, cfg, config.device)
+        max_model_len = config.max_model_len or cfg.max_position_embeddings
+        if max_model_len > cfg.max_position_embeddings:  # RoPE tables and the model stop there
+            raise ValueError(f"max_model_len={max_model_len} exceeds the model's "
+                             f"{cfg.max_position_embeddings} positions (max_position_embeddings)")
+        max_num_batched_tokens = config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        if not config.enable_chunked_prefill:  # a whole prompt must fit in one step
+            max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
+        prefix_caching = config.enable_prefix_caching and config.enable_paged_kv
+        if prefix_caching and cfg.sliding_window is not None:
+            # As vLLM did: blocks released outside the window break the chain of cached prefix blocks.
+            warnings.warn("prefix caching is turned off for models with a sliding window")
+            prefix_caching = False
+        block_size = config.block_size if config.enable_paged_kv else max_model_len
+        eos_token_ids = generation_eos_ids(cfg, source.folder)
+
+        if tp_size() > 1:  # the layers read the group of this process: it can hold one split model only
+            raise RuntimeError("a tensor-parallel engine is running in this process: shut it down "
+                               "(LLM.shutdown()) before starting another engine")
+        if config.tensor_parallel_size > 1:
+            check_divisible(cfg.num_heads, cfg.num_kv_heads, config.tensor_parallel_size)  # before any process
+        runner_args = dict(model_config=cfg, device=config.device, dtype=dtype, max_model_len=max_model_len,
+                           block_size=block_size, max_num_seqs=config.max_num_seqs,
+                           folder=None if config.load_format == "dummy" else source.folder, seed=config.seed,
+                           backend=config.attention_backend, gpu_memory_limit_bytes=config.gpu_memory_limit_bytes,
+                           eos_token_ids=tuple(eos_token_ids))
+        executor = make_executor(runner_args, config.tensor_parallel_size, config.device)
+        try:  # a failure from here on stops the workers already started
+            spec = config.speculative_config
+            # A draft model's weights load before the KV pool is sized, so the profile counts them.
+            proposer = make_proposer(spec, runner_args) if spec is not None else None
+            if config.num_kv_blocks is not None:
+                num_blocks = config.num_kv_blocks * config.block_size // block_size
+            else:  # what fits after a profiling forward
+                num_blocks = executor.collective_rpc("num_kv_blocks_that_fit", config.gpu_memory_utilization,
+                                                     max_num_batched_tokens)
+            if num_blocks < 1:
+                raise ValueError(f"the KV cache holds less than one block of {block_size} tokens: "
+                                 "lower max_model_len or block_size, or give the cache more memory")
+            if isinstance(proposer, DraftModelProposer):  # its cache has as many blocks as the target's
+                if config.num_kv_blocks is None:  # the memory was sized for the target's cache alone: share it
+                    target, draft = (kv_bytes_per_token(c, dtype) for c in (cfg, proposer.runner.model_config))
+                    num_blocks = num_blocks * target // (target + draft)
+                proposer.runner.initialize_kv_cache(num_blocks)
+            executor.collective_rpc("initialize_kv_cache", num_blocks)
+            if not config.enforce_eager:  # (the runners capture only on a GPU, with a backend that allows it)
+                executor.collective_rpc("capture_cuda_graphs", config.num_speculative_tokens)
+                if isinstance(proposer, DraftModelProposer):  # its drafts are decodes, its catch-up a few tokens
+                    proposer.runner.capture_cuda_graphs(config.num_speculative_tokens)
+        except BaseException:
+            executor.shutdown()
+            raise
+        scheduler_class = AsyncScheduler if config.async_scheduling else Scheduler
+        scheduler = scheduler_class(BlockManager(num_blocks, block_size, prefix_caching), config.max_num_seqs,
+                                    max_num_batched_tokens, max_model_len, eos_token_ids,
+                                    config.enable_chunked_prefill, cfg.sliding_window,
+                                    continuous=config.enable_continuous_batching,
+                                    num_lookahead_tokens=config.num_speculative_tokens,
+                                    spec_disable_by_batch_size=spec.disable_by_batch_size if spec else None,
+                                    spec_adaptive=spec.adaptive if spec else False)
+        input_processor = InputProcessor(None, cfg.vocab_size, max_model_len, block_size, num_blocks,
+                                         max_num_batched_tokens, cfg.sliding_window)
+        # Grammars need the tokenizer's vocabulary: loaded on the first request that asks for one.
+        structured_output = StructuredOutputManager(cfg.vocab_size, eos_token_ids,
+                                                    lambda: load_tokenizer(source.folder),
+                                                    pin_memory=torch.device(config.device).type == "cuda")
+        return cls(config, scheduler, executor, input_processor, proposer, structured_output)
+
+    # ---- requests ----------------------------------------------------------------------
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request (ValueError if it cannot run: nothing changes then)."""
+        if request.request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        params = request.sampling_params
+        self.input_processor.check(request.prompt_token_ids, params)
+        seq = Sequence(request.request_id, request.prompt_token_ids, params, self.config.device)
+        if params.structured_outputs is not None:  # compiled now (or found in the cache): never mid-step
+            seq.grammar = self.structured_output.grammar_for(params.structured_outputs)
+        self.scheduler.add(seq)
+
+    def abort_requests(self, request_ids) -> list[EngineCoreOutput]:
+        """End requests wherever they are (waiting, running, in a step in flight); their blocks come back."""
+        outputs = []
+        for request_id in request_ids:
+            seq = self.scheduler.requests.get(request_id)
+            if seq is not None:
+                self.scheduler.finish(seq, "abort")
+                outputs.append(EngineCoreOutput(request_id, [], "abort"))
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    @property
+    def requests(self) -> dict[str, Sequence]:
+        return self.scheduler.requests
+
+    # ---- one step ----------------------------------------------------------------------
+    def step(self) -> list[EngineCoreOutput]:
+        """Advance every scheduled request by one step; the new tokens of those that advanced.
+
+        With async scheduling the next step is on the GPU when this returns: each call launches step n+1,
+        then waits for step n and returns its outputs (the first call launches two steps)."""
+        if not (self.config.async_scheduling and isinstance(self.scheduler, AsyncScheduler)):
+            # (A step still in flight, from before async scheduling was turned off, is finished first.)
+            launched, self._in_flight = self._in_flight or self._launch()[0], None
+            return self._update(launched) if launched else []
+        self._discard_stale_step()
+        if self._in_flight is None:
+            self._in_flight = self._launch()[0]
+            if self._in_flight is None:
+                return []
+        done = self._in_flight
+        self._in_flight, outputs = self._launch(done)  # step n+1 is queued before we wait for step n
+        if outputs is None:
+            outputs = self._update(done)
+        self._discard_stale_step()  # e.g. the last requests just ended: nothing is left to wait for
+        return outputs
+
+    def _discard_stale_step(self) -> None:
+        """Forget the step in flight if every request in it has ended meanwhile (finished, aborted)."""
+        if self._in_flight is not None and all(seq.is_finished for seq in self._in_flight[0].seqs):
+            self.scheduler.discard_output(self._in_flight[0])
+            self._in_flight = None
+
+    def _launch(self, in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
+                ) -> tuple[tuple[SchedulerOutput, SampledTokens] | None, list[EngineCoreOutput] | None]:
+        """Schedule -> execute -> sample, without waiting for the GPU; returns the step launched (None: nothing
+        to run) and, if it had to update from the step `in_flight` first, that step's outputs.
+
+        A row under a grammar may only be sampled once its grammar has accepted the token in flight: then the
+        forward is queued, the host updates from the step in flight and fills the grammars' bitmask while the
+        GPU runs the forward, and only then samples."""
+        scheduler_output = self.scheduler.schedule()
+        if not scheduler_output:
+            return None, None
+        draft_probs = self.proposer.propose(scheduler_output) if self.proposer is not None else None
+        logits = self.executor.execute_model(scheduler_output)
+        outputs, bitmask, seqs = None, None, scheduler_output.sampled_seqs
+        if any(seq.grammar is not None for seq in seqs):
+            if in_flight is not None:
+                outputs = self._update(in_flight)
+            bitmask = self.structured_output.grammar_bitmask(seqs)
+        return (scheduler_output, self.executor.sample(logits, scheduler_output, draft_probs, bitmask)), outputs
+
+    def _update(self, launched: tuple[SchedulerOutput, SampledTokens]) -> list[EngineCoreOutput]:
+        scheduler_output, sampled = launched
+        tokens = sampled.tolist()
+        per_row, prompt = sampled.logprobs() or (None, [])
+        return self.scheduler.update_from_output(scheduler_output, tokens, per_row, prompt)
+
+    def get_stats(self) -> dict:
+        scheduler, blocks = self.scheduler, self.scheduler.blocks
+        return {
+            "num_total_blocks": blocks.num_total_blocks,
+            "num_free_blocks": blocks.num_free_blocks,   # cached-but-unused blocks count as free
+            "num_running": len(scheduler.running),
+            "num_waiting": len(scheduler.waiting),
+            "num_preemptions": scheduler.num_preemptions,
+            "num_prefix_cache_hit_tokens": scheduler.num_prefix_cache_hit_tokens,
+            "num_generation_tokens": scheduler.num_generation_tokens,
+            "num_drafts": scheduler.num_drafts,
+            "num_draft_tokens": scheduler.num_draft_tokens,
+            "num_accepted_tokens": scheduler.num_accepted_tokens,
+        }
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do with one rank)."""
+        self.executor.shutdown()
+
+
+def make_engine_core(config: EngineConfig) -> EngineCore:
+    """The core of a server, in the process (or thread) that holds the GPU."""
     if torch.device(config.device).type == "cuda":
-        # On a GPU the core's host-side tensors are tiny (a step's ids, positions, block tables), so one
-        # intra-op thread is fastest. torch's default, one per core, kept about 14 OpenMP threads spinning
-        # between those ops, and they took the cores the frontend and the load needed: on the H200, W3 with
-        # all 1000 requests at once went from 9.9k to 15.3k output tok/s served (scripts/gpu_engine_core.sh).
+        # The core's host-side tensors are tiny: one intra-op thread is fastest, and it leaves the other
+        # cores to the frontend (torch's default of one thread per core keeps them spinning).
         torch.set_num_threads(1)
-    return LLMEngine.from_config(config, detokenize=False)
+    return EngineCore.from_config(config)
 
 
 def freeze_startup_objects() -> None:
-    """Move every object alive now (the model, the engine, the imported modules: millions of them) out
-    of the garbage collector's sight. Python's full collections walk every tracked object; while the
-    busy loop runs, one would pause it for tens of milliseconds, a hiccup in every stream. vLLM does
-    the same after startup."""
+    """Move every object alive now (the model, the modules) out of the garbage collector's sight, so a full
+    collection does not pause the busy loop (vLLM does the same after startup)."""
     gc.collect()
     gc.freeze()
 
 
-class EngineCore:
-    """The busy loop around an `LLMEngine`; messages come from `inputs`, results go to `send`."""
+class EngineCoreProc:
+    """The busy loop around an `EngineCore`: messages come from `inputs`, each step's outputs go to `send`."""
 
-    def __init__(self, engine: LLMEngine, inputs: queue.SimpleQueue, send: Callable[[object], None]):
-        self.engine, self.inputs, self.send = engine, inputs, send
-        self._num_sent: dict[tuple[str, int], tuple[int, bool]] = {}  # per live answer: tokens reported, done
+    def __init__(self, core: EngineCore, inputs: queue.SimpleQueue, send: Callable[[object], None]):
+        self.core, self.inputs, self.send = core, inputs, send
         self._last_sent = time.monotonic()
 
     def ready_message(self) -> EngineCoreReady:
-        e = self.engine
-        return EngineCoreReady(e.model_config.vocab_size, e.max_model_len, e.block_size,
-                               e.block_manager.num_total_blocks, e.max_num_batched_tokens,
-                               e.model_config.sliding_window, e.get_stats(), e.scheduler.max_num_seqs)
+        core, scheduler = self.core, self.core.scheduler
+        return EngineCoreReady(core.input_processor.vocab_size, scheduler.max_model_len, scheduler.blocks.block_size,
+                               scheduler.blocks.num_total_blocks, scheduler.max_num_batched_tokens,
+                               scheduler.sliding_window, core.get_stats(), scheduler.max_num_seqs)
 
     def run_busy_loop(self) -> None:
         """Until a Shutdown message: take the messages that arrived, step if there is work, report."""
@@ -106,75 +292,48 @@ class EngineCore:
 
     def _report(self, outputs: list, rejected: list) -> None:
         self._last_sent = time.monotonic()
-        self.send(EngineCoreOutputs(outputs, self.engine.get_stats(), rejected))
+        self.send(EngineCoreOutputs(outputs, self.core.get_stats(), rejected))
 
     def _report_stats_while_busy(self, done: threading.Event) -> None:
-        """A step can take seconds (a long prefill on a CPU, a big batch): meanwhile the gauges of
-        /metrics (running, waiting, KV usage) would show the last step's numbers. So, between steps'
-        messages, this thread sends the stats alone. It only reads counters (len of the scheduler's
-        queues, the free blocks) that the GIL keeps whole; two of them may be a moment apart."""
+        """During a long step, send the stats alone now and then, so the gauges of /metrics stay current.
+        It only reads counters that the GIL keeps whole."""
         while not done.wait(STATS_INTERVAL_S):
-            if self.engine.has_unfinished_requests() and time.monotonic() - self._last_sent >= STATS_INTERVAL_S:
+            if self.core.has_unfinished_requests() and time.monotonic() - self._last_sent >= STATS_INTERVAL_S:
                 self._report([], [])
 
     def _loop(self) -> None:
-        engine = self.engine
+        core = self.core
         while True:
             # Idle: block until a message comes. Busy: only take what is already there.
-            message = self.inputs.get() if not engine.has_unfinished_requests() else self._next_message()
+            message = self.inputs.get() if not core.has_unfinished_requests() else self._next_message()
             outputs: list[EngineCoreOutput] = []
             rejected: list[RejectedRequest] = []
             while message is not None:
                 if isinstance(message, Shutdown):
-                    for request_id in list(engine.requests):
-                        if (out := engine.abort_request(request_id)) is not None:  # (n > 1: answers' ids too)
-                            outputs.extend(self._news(out))
-                    self._report(outputs, rejected)
+                    self._report(outputs + core.abort_requests(list(core.scheduler.requests)), rejected)
                     return
                 self._handle(message, outputs, rejected)
                 message = self._next_message()
-            if engine.has_unfinished_requests():
-                outputs.extend(news for out in engine.step() for news in self._news(out))
+            if core.has_unfinished_requests():
+                outputs += core.step()
             self._report(outputs, rejected)
 
-    def _next_message(self) -> CoreInput | None:
+    def _next_message(self) -> CoreInput | RejectedRequest | None:
         try:
             return self.inputs.get_nowait()
         except queue.Empty:
             return None
 
-    def _handle(self, message: CoreInput, outputs: list, rejected: list) -> None:
+    def _handle(self, message, outputs: list, rejected: list) -> None:
         if isinstance(message, EngineCoreRequest):
-            try:  # checked again here (the frontend checked first): a socket is not trusted
-                self.engine.add_request(message.request_id, message.prompt_token_ids, message.sampling_params())
+            try:
+                self.core.add_request(message)
             except ValueError as e:
                 rejected.append(RejectedRequest(message.request_id, str(e)))
         elif isinstance(message, AbortRequests):
-            for request_id, index in [(r, None) for r in message.request_ids] + message.answers:
-                out = self.engine.abort_request(request_id, index)
-                if out is not None:
-                    outputs.extend(self._news(out))
-
-    def _news(self, out: RequestOutput) -> list[EngineCoreOutput]:
-        """Per answer of `out`, the tokens not reported yet (with the overlap, an output may carry none); an
-        answer already reported finished is not reported again."""
-        news = []
-        for answer in out.outputs:
-            key = (out.request_id, answer.index)
-            sent, reported_done = self._num_sent.get(key, (0, False))
-            if reported_done:
-                continue
-            self._num_sent[key] = (len(answer.token_ids), answer.finish_reason is not None)
-            logprobs = answer.logprobs
-            if logprobs is not None:  # arrays on the wire, not dicts of objects
-                logprobs = [(list(d), [lp.logprob for lp in d.values()], [lp.rank for lp in d.values()])
-                            for d in logprobs[sent:]]
-            news.append(EngineCoreOutput(out.request_id, answer.token_ids[sent:], answer.finish_reason, logprobs,
-                                         answer.index))
-        if out.finished:
-            for answer in out.outputs:
-                del self._num_sent[(out.request_id, answer.index)]
-        return news
+            outputs += self.core.abort_requests(message.request_ids)
+        elif isinstance(message, RejectedRequest):  # refused while decoding (a bad sampling value)
+            rejected.append(message)
 
 
 # ---- the core's process ----------------------------------------------------------------
@@ -194,10 +353,10 @@ def receive_all(socket) -> list[bytes]:
 
 
 def _receive(socket, inputs: queue.SimpleQueue) -> None:
-    import msgspec
     import zmq
 
     decoder = msgspec.msgpack.Decoder(CoreInput)
+    request_id_of = msgspec.msgpack.Decoder(_RequestId)
     while True:
         try:
             frames = receive_all(socket)
@@ -207,15 +366,23 @@ def _receive(socket, inputs: queue.SimpleQueue) -> None:
         for frame in frames:
             try:
                 message = decoder.decode(frame)
-            except msgspec.DecodeError as e:  # ValidationError is a DecodeError too
+            except msgspec.ValidationError as e:  # a request with a bad value is refused under its id
+                try:
+                    message = RejectedRequest(request_id_of.decode(frame).request_id, str(e))
+                except msgspec.DecodeError:
+                    logger.warning("engine core: dropped a malformed message (%d bytes): %s", len(frame), e)
+                    continue
+            except msgspec.DecodeError as e:
                 logger.warning("engine core: dropped a malformed message (%d bytes): %s", len(frame), e)
                 continue
             inputs.put(message)
 
 
-def _send(socket, outbox: queue.SimpleQueue) -> None:
-    import msgspec
+class _RequestId(msgspec.Struct, tag="add"):
+    request_id: str
 
+
+def _send(socket, outbox: queue.SimpleQueue) -> None:
     encoder = msgspec.msgpack.Encoder()
     while (message := outbox.get()) is not None:
         socket.send(encoder.encode(message), copy=False)
@@ -230,7 +397,7 @@ def _exit_when_frontend_is_gone() -> None:
 
 
 def run_engine_core(input_address: str, output_address: str, config: EngineConfig) -> int:
-    """The core process's life: connect, build the engine, report ready, loop. Returns the exit code."""
+    """The core process's life: connect, build the core, report ready, loop. Returns the exit code."""
     import zmq
 
     context = zmq.Context()
@@ -244,20 +411,20 @@ def run_engine_core(input_address: str, output_address: str, config: EngineConfi
     sender = threading.Thread(target=_send, args=(push, outbox), name="minivllm-core-send")
     receiver.start()
     sender.start()
-    code, engine = 0, None
+    code, core = 0, None
     try:
-        engine = make_engine(config)
+        core = make_engine_core(config)
         freeze_startup_objects()
-        core = EngineCore(engine, inputs, outbox.put)
-        outbox.put(core.ready_message())
-        core.run_busy_loop()
+        proc = EngineCoreProc(core, inputs, outbox.put)
+        outbox.put(proc.ready_message())
+        proc.run_busy_loop()
     except BaseException as e:  # noqa: BLE001 - any failure is reported, then the process exits non-zero
         logger.error("engine core failed:\n%s", traceback.format_exc())
         outbox.put(EngineCoreFailed(type(e).__name__, f"{type(e).__name__}: {e}"))
         code = 1
     finally:
-        if engine is not None:
-            engine.shutdown()
+        if core is not None:
+            core.shutdown()
         outbox.put(None)
         sender.join()
         push.close()

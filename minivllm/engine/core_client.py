@@ -12,9 +12,9 @@ process: if this process dies, even by SIGKILL, the core reads end-of-file and e
 dying is noticed within a poll interval: it sends `EngineCoreFailed` if it can, and its exit is
 seen either way.
 
-InprocClient runs the same loop in a thread of this process and hands messages over in memory:
-the engine shares this interpreter (and its GIL) with the server, as it did before the core moved
-out. It exists for the ablation: `AsyncLLM(..., engine_core_process=False)`.
+InprocClient runs the same loop in a thread of this process and hands messages over in memory: the
+core then shares this interpreter (and its GIL) with the server. It exists for the ablation:
+`AsyncLLM(..., engine_core_process=False)`.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 
 from ..config import EngineConfig
-from .core import EngineCore, make_engine, receive_all
+from .core import EngineCoreProc, make_engine_core, receive_all
 from .core_messages import (
     AbortRequests,
     CoreOutput,
@@ -58,17 +58,17 @@ class CoreStartupError(RuntimeError):
 
 class InprocClient:
     def __init__(self, config: EngineConfig, on_outputs: Callable, on_dead: Callable):
-        self.engine = make_engine(config)
+        self.core = make_engine_core(config)
         self._inputs: queue.SimpleQueue = queue.SimpleQueue()
-        self.core = EngineCore(self.engine, self._inputs, lambda message: on_outputs([message]))
-        self.ready = self.core.ready_message()
+        self.proc = EngineCoreProc(self.core, self._inputs, lambda message: on_outputs([message]))
+        self.ready = self.proc.ready_message()
         self._on_dead = on_dead
         self._thread = threading.Thread(target=self._run, name="minivllm-engine-core", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            self.core.run_busy_loop()
+            self.proc.run_busy_loop()
         except BaseException as e:  # a bug, or the GPU gone: the frontend tells every stream
             logger.error("engine core failed:\n%s", traceback.format_exc())
             self._on_dead(f"the engine core stopped: {type(e).__name__}: {e}")
@@ -76,14 +76,14 @@ class InprocClient:
     def add_request(self, request: EngineCoreRequest) -> None:
         self._inputs.put(request)
 
-    def abort_requests(self, request_ids: list[str], answers: list[tuple[str, int]] = ()) -> None:
-        self._inputs.put(AbortRequests(request_ids, list(answers)))
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self._inputs.put(AbortRequests(request_ids))
 
     def shutdown(self) -> None:
         if self._thread.is_alive():
             self._inputs.put(Shutdown())
             self._thread.join()
-        self.engine.shutdown()
+        self.core.shutdown()
 
 
 class MPClient:
@@ -167,8 +167,8 @@ class MPClient:
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send(request)
 
-    def abort_requests(self, request_ids: list[str], answers: list[tuple[str, int]] = ()) -> None:
-        self._send(AbortRequests(request_ids, list(answers)))
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self._send(AbortRequests(request_ids))
 
     def shutdown(self) -> None:
         """Ask the core to stop (it aborts what is left and stops its workers); kill it if it does not."""

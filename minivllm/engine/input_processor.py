@@ -1,10 +1,8 @@
-"""Requests checked at the door: a prompt becomes validated token ids, or a clear ValueError.
+"""The input processor: a prompt becomes validated token ids, or a clear ValueError, before anything is queued.
 
-Both the offline engine and the server's frontend run these checks, before anything is queued:
-bad input (an empty prompt, ids outside the vocabulary, a prompt that does not fit `max_model_len`,
-a request that could never fit in the KV pool, a JSON schema or regex that makes no grammar) fails that
-request alone and changes nothing. With the engine core in its own process, the frontend checks here and
-answers 400 at once, without a round trip to the core (which checks again: it trusts nothing that arrives on a socket).
+An empty prompt, ids outside the vocabulary, a prompt that does not fit `max_model_len`, a request that
+could never fit in the KV pool or a schema that makes no grammar fails that request alone. The frontend
+checks here and answers 400 at once; the engine core checks again (`check`): a socket is not trusted.
 """
 from __future__ import annotations
 
@@ -58,6 +56,14 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         text, token_ids = self.encode_prompt(prompt)
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        self.check(token_ids, params)
+        return text, token_ids, params
+
+    def check(self, token_ids: list[int], params: SamplingParams) -> None:
+        """What the engine core checks again, on token ids: a request it could never run is a ValueError."""
+        self.encode_prompt(token_ids)
         need = self.blocks_needed_at_most(len(token_ids), params)
         if need > self.num_total_blocks:
             raise ValueError(f"request needs up to {need} KV blocks but the pool has "
@@ -68,6 +74,3 @@ class InputProcessor:
                              f"{outside[:5]}")
         if params.structured_outputs is not None:  # a bad schema, regex or grammar is refused here
             check_structured_outputs(params.structured_outputs)
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
-        return text, token_ids, params

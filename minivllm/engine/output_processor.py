@@ -1,36 +1,31 @@
-"""The frontend's half of every request: its token ids, its text, its stop strings, its stream.
+"""The output processor: the engine core's new token ids become `RequestOutput`s, for `LLM` and `AsyncLLM` alike.
 
-The engine core sends token ids only. Here, in the server's process, each step's ids become what a
-client reads: the text grows by incremental detokenization, a stop string ends the answer (and the
-frontend tells the core to abort the request: at most one step of tokens is wasted), and the
-request's `RequestStream` gets one more output.
-
-A stream never queues whole outputs. It queues small snapshots (how many tokens, how long the text,
-finished or not) and builds the `RequestOutput` when its reader asks. `async for` on a stream
-yields one output per step, as the contract says; `RequestStream.merged()` yields only the newest,
-so a client that reads slower than the engine generates gets one event with everything new since
-its last read (vLLM's RequestOutputCollector), not a backlog of events, one per token.
+Per request it detokenizes incrementally, matches stop strings (a match ends the output and the core is
+told to abort that request), decodes logprobs, and gathers the n completions of a request with
+`SamplingParams.n > 1`: the core runs them as n requests (`{i}_{request_id}`, seed + i), which share their
+full prompt blocks through the prefix cache (vLLM's ParentRequest). `LLMEngine` takes the outputs it
+returns; `AsyncLLM` gives each request a `RequestStream` instead, which builds an output when read.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import time
 
 from ..core.detokenizer import IncrementalDetokenizer
-from ..outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from ..outputs import CompletionOutput, EngineCoreOutput, Logprob, LogprobArrays, RequestMetrics, RequestOutput
 from ..sampling_params import SamplingParams
-from .core_messages import EngineCoreOutputs
+from .core_messages import EngineCoreRequest
 
 
-class AnswerState:
-    """One answer of a request (n > 1: one of n) as the frontend builds it: ids, text, logprobs."""
+class CompletionState:
+    """One completion of a request (one of n): its token ids, text and logprobs so far."""
 
-    def __init__(self, index: int, prompt_token_ids: list[int], params: SamplingParams, tokenizer):
-        self.index = index
+    def __init__(self, index: int, core_id: str, prompt_token_ids: list[int], params: SamplingParams, tokenizer):
+        self.index, self.core_id = index, core_id
         self.token_ids: list[int] = []
-        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None  # one per token
-        self.tokenizer = tokenizer
+        self.logprobs: list[dict] | None = [] if params.logprobs is not None else None
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params.stop) if tokenizer else None
         self.finish_reason: str | None = None
 
@@ -38,25 +33,21 @@ class AnswerState:
     def text(self) -> str:
         return self.detokenizer.text if self.detokenizer is not None else ""
 
-    def update(self, new_token_ids: list[int], finish_reason: str | None, new_logprobs=None) -> bool:
-        """Take one step's news; True if a stop string ended the answer here (the core must abort it).
-        `new_logprobs`: the core's arrays (ids, logprobs, ranks) per new token, when the request asks."""
+    def update(self, out: EngineCoreOutput, decode) -> bool:
+        """Take one step's new tokens; True if a stop string ended the completion here (the core must abort)."""
+        if self.finish_reason is not None:  # (a stop string ended it; the core's last tokens come after)
+            return False
         stopped = False
-        for i, token_id in enumerate(new_token_ids):
+        for i, token_id in enumerate(out.new_token_ids):
             self.token_ids.append(token_id)
-            if self.logprobs is not None and new_logprobs is not None:
-                self.logprobs.append(self._logprobs(*new_logprobs[i]))
+            if self.logprobs is not None and out.new_logprobs is not None:
+                self.logprobs.append(decode(out.new_logprobs[i]))
             if self.detokenizer is not None and self.detokenizer.add(token_id):
-                stopped = True  # the text ends before the stop string; later tokens are not part of the answer
+                stopped = True  # the text ends before the stop string; later tokens are not part of the output
                 break
-        if self.finish_reason is None and (stopped or finish_reason is not None):
-            self.finish_reason = "stop" if stopped else finish_reason
-        return stopped and finish_reason is None
-
-    def _logprobs(self, ids: list[int], logprobs: list[float], ranks: list[int]) -> dict[int, Logprob]:
-        """One position's arrays -> vLLM's dict, each token decoded alone (decoded_token)."""
-        decode = self.tokenizer.decode if self.tokenizer is not None else None
-        return {t: Logprob(lp, r, decode([t]) if decode else None) for t, lp, r in zip(ids, logprobs, ranks)}
+        if self.finish_reason is None and (stopped or out.finish_reason is not None):
+            self.finish_reason = "stop" if stopped else out.finish_reason
+        return stopped and out.finish_reason is None
 
     def snapshot(self) -> tuple:
         return len(self.token_ids), len(self.text), self.finish_reason
@@ -68,42 +59,49 @@ class AnswerState:
 
 
 class RequestState:
-    """One live request as the frontend knows it: its n answers (one, unless SamplingParams.n > 1)."""
+    """One live request: its n completions (one unless SamplingParams.n > 1) and, with AsyncLLM, its stream."""
 
     def __init__(self, request_id: str, core_id: str, prompt: str | None, prompt_token_ids: list[int],
-                 params: SamplingParams, tokenizer, loop: asyncio.AbstractEventLoop):
-        self.request_id, self.core_id = request_id, core_id   # the client's id; a unique one for the core
-        self.prompt, self.prompt_token_ids = prompt, prompt_token_ids
-        self.answers = [AnswerState(i, prompt_token_ids, params, tokenizer) for i in range(params.n)]
+                 params: SamplingParams, tokenizer, loop: asyncio.AbstractEventLoop | None = None):
+        self.request_id, self.prompt, self.prompt_token_ids, self.params = request_id, prompt, prompt_token_ids, params
+        core_ids = [core_id] if params.n == 1 else [f"{i}_{core_id}" for i in range(params.n)]
+        self.completions = [CompletionState(i, c, prompt_token_ids, params, tokenizer) for i, c in enumerate(core_ids)]
+        self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
         self.loop = loop
-        self.stream = RequestStream(self)
+        self.stream = RequestStream(self) if loop is not None else None
+
+    def core_requests(self) -> list[EngineCoreRequest]:
+        """What the core runs: one request per completion; completion i samples with seed + i, and only the
+        first computes prompt logprobs (the others may then take the prompt from the prefix cache)."""
+        if self.params.n == 1:
+            return [EngineCoreRequest(self.completions[0].core_id, self.prompt_token_ids, self.params)]
+        p = self.params
+        return [EngineCoreRequest(c.core_id, self.prompt_token_ids, dataclasses.replace(
+                    p, n=1, seed=None if p.seed is None else p.seed + c.index,
+                    prompt_logprobs=p.prompt_logprobs if c.index == 0 else None))
+                for c in self.completions]
 
     @property
     def finished(self) -> bool:
-        return all(a.finish_reason is not None for a in self.answers)
+        return all(c.finish_reason is not None for c in self.completions)
 
-    def update(self, news: list) -> list[int]:
-        """Take one step's news (EngineCoreOutputs of this request); returns the answers a stop string ended
-        here (the core must abort them)."""
-        stopped = [n.index for n in news
-                   if self.answers[n.index].update(n.new_token_ids, n.finish_reason, n.new_logprobs)]
-        now = time.perf_counter()
-        if self.metrics.first_token_time is None and any(a.token_ids for a in self.answers):
-            self.metrics.first_token_time = now
-        if self.finished:
-            self.metrics.finished_time = now
-        self.stream.put(tuple(a.snapshot() for a in self.answers))
-        return stopped
+    def snapshot(self) -> tuple:
+        return tuple(c.snapshot() for c in self.completions)
 
     def output(self, snapshot) -> RequestOutput:
-        answers = [a.output(s) for a, s in zip(self.answers, snapshot)]
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, answers,
-                             all(a.finish_reason is not None for a in answers), self.metrics)
+        completions = [c.output(s) for c, s in zip(self.completions, snapshot)]
+        prompt_logprobs = list(self.prompt_logprobs) if self.prompt_logprobs is not None else None
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
+                             all(c.finish_reason is not None for c in completions), self.metrics, prompt_logprobs)
 
 
 class RequestStream:
-    """The outputs of one request, as an async iterator; `close()` before the end aborts it."""
+    """The outputs of one request, as an async iterator; `close()` before the end aborts it.
+
+    It queues small snapshots (tokens, text length, finish reason) and builds a `RequestOutput` when its reader
+    asks. `merged()` yields only the newest, so a reader slower than the engine gets one output with everything
+    new since its last read (vLLM's RequestOutputCollector)."""
 
     def __init__(self, state: RequestState):
         self.state, self.request_id = state, state.request_id
@@ -141,8 +139,7 @@ class RequestStream:
         return self._take(self._pending.popleft())
 
     async def merged(self):
-        """The newest output each time the reader comes back: the steps it missed are merged into it
-        (outputs are cumulative, so the newest holds them all)."""
+        """The newest output each time the reader comes back (outputs are cumulative: it holds the others)."""
         while not self.finished:
             await self._wait()
             errors = [item for item in self._pending if isinstance(item, BaseException)]
@@ -159,47 +156,81 @@ class RequestStream:
 
 
 class OutputProcessor:
-    """The live requests by id, and what each step's message does to them."""
+    """The live requests, and what each step's `EngineCoreOutput`s do to them."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.requests: dict[str, RequestState] = {}       # by the client's id
-        self._by_core_id: dict[str, RequestState] = {}
+        self.requests: dict[str, RequestState] = {}    # by the caller's request id
+        self._by_core_id: dict[str, tuple[RequestState, CompletionState]] = {}
 
-    def add(self, state: RequestState) -> None:
+    def add_request(self, state: RequestState) -> list[EngineCoreRequest]:
+        """Track a request; returns what to send to the core."""
         self.requests[state.request_id] = state
-        self._by_core_id[state.core_id] = state
+        for c in state.completions:
+            self._by_core_id[c.core_id] = (state, c)
+        return state.core_requests()
 
     def remove(self, state: RequestState) -> None:
         if self.requests.get(state.request_id) is state:
             del self.requests[state.request_id]
-        self._by_core_id.pop(state.core_id, None)
+        for c in state.completions:
+            if self._by_core_id.get(c.core_id, (None,))[0] is state:
+                del self._by_core_id[c.core_id]
 
-    def process(self, message: EngineCoreOutputs, loop: asyncio.AbstractEventLoop) -> list[tuple[str, int]]:
-        """Apply one step's news to the requests of `loop`; returns the (core id, answer index) pairs to abort
-        (stop strings)."""
-        to_abort, by_request = [], {}
-        for news in message.outputs:  # (n > 1: one news per answer)
-            by_request.setdefault(news.request_id, []).append(news)
-        for core_id, news in by_request.items():
-            state = self._by_core_id.get(core_id)
-            if state is None or state.loop is not loop:  # aborted meanwhile, or another loop's
+    def core_ids(self, state: RequestState) -> list[str]:
+        return [c.core_id for c in state.completions if c.finish_reason is None]
+
+    def process_outputs(self, outputs: list[EngineCoreOutput], loop=None) -> tuple[list[RequestOutput], list[str]]:
+        """Apply one step's outputs (those of `loop`'s requests, with AsyncLLM). Returns the outputs of the
+        requests without a stream that advanced, and the core ids to abort (stop strings)."""
+        to_abort, advanced = [], {}
+        for out in outputs:
+            state, completion = self._by_core_id.get(out.request_id, (None, None))
+            if state is None or state.loop is not loop:  # aborted meanwhile, or another event loop's
                 continue
-            to_abort += [(state.core_id, index) for index in state.update(news)]
+            if completion.update(out, self._logprobs):
+                to_abort.append(completion.core_id)
+            if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
+                state.prompt_logprobs += [self._logprobs(arrays) for arrays in out.new_prompt_logprobs]
+            advanced[id(state)] = state
+        request_outputs, now = [], time.perf_counter()
+        for state in advanced.values():
+            if state.metrics.first_token_time is None and any(c.token_ids for c in state.completions):
+                state.metrics.first_token_time = now
             if state.finished:
+                state.metrics.finished_time = now
                 self.remove(state)
-        for rejected in message.rejected:
-            state = self._by_core_id.get(rejected.request_id)
-            if state is not None and state.loop is loop:
-                state.stream.put(ValueError(rejected.message))
-                self.remove(state)
-        return to_abort
+            if state.stream is not None:
+                state.stream.put(state.snapshot())
+            elif state.finished or any(c.token_ids for c in state.completions):
+                request_outputs.append(state.output(state.snapshot()))
+        return request_outputs, to_abort
 
-    def finish(self, state: RequestState, reason: str) -> None:
-        """End a request here (aborted, or the engine stopped): its reader gets a last output."""
+    def finish(self, state: RequestState, reason: str) -> RequestOutput | None:
+        """End a request here (aborted, or the engine stopped); its last output (or, with a stream, its
+        reader gets it)."""
+        out = None
         if not state.finished:
-            for answer in state.answers:
-                answer.finish_reason = answer.finish_reason or reason
+            for c in state.completions:
+                c.finish_reason = c.finish_reason or reason
             state.metrics.finished_time = time.perf_counter()
-            state.stream.put(tuple(a.snapshot() for a in state.answers))
+            if state.stream is not None:
+                state.stream.put(state.snapshot())
+            else:
+                out = state.output(state.snapshot())
         self.remove(state)
+        return out
+
+    def reject(self, core_id: str, message: str, loop=None) -> None:
+        """The core refused a request: its stream raises ValueError."""
+        state, _ = self._by_core_id.get(core_id, (None, None))
+        if state is not None and state.loop is loop:
+            if state.stream is not None:
+                state.stream.put(ValueError(message))
+            self.remove(state)
+
+    def _logprobs(self, arrays: LogprobArrays) -> dict[int, Logprob]:
+        """One position's arrays -> vLLM's dict, each token decoded alone (decoded_token)."""
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
+        ids, logprobs, ranks = arrays
+        return {t: Logprob(lp, r, decode([t]) if decode else None) for t, lp, r in zip(ids, logprobs, ranks)}

@@ -111,7 +111,7 @@ class DraftModelProposer:
     @staticmethod
     def _aligned_probs(scheduler_output: SchedulerOutput, entries, q: torch.Tensor) -> torch.Tensor:
         """q [verify entries, k, V] -> [sampling sequences of the step, k, V], zeros for the others."""
-        sampled = [e for e in scheduler_output.entries if e.samples for _ in range(1 + len(e.forks))]  # (n > 1)
+        sampled = [e for e in scheduler_output.entries if e.samples]
         aligned = torch.zeros(len(sampled), *q.shape[1:], dtype=q.dtype, device=q.device)
         index = {id(e): i for i, e in enumerate(sampled)}
         aligned[[index[id(e)] for e in entries]] = q

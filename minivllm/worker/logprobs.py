@@ -9,7 +9,7 @@ not what the sampler drew from.
 One `log_softmax` and one `topk` over the rows that ask (the sampled rows of requests with `logprobs`, then
 the prompt positions of requests with `prompt_logprobs`), with k the largest N among them. Three small
 tensors come back to the host with the step's sampled ids, in the same asynchronous copy: no extra wait.
-On the host each position becomes vLLM's dict token_id -> Logprob, the chosen token first.
+On the host each position becomes arrays (ids, logprobs, ranks), the chosen token first.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..outputs import Logprob
+from ..outputs import LogprobArrays
 
 
 def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int
@@ -31,12 +31,12 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int
     return torch.cat([token_ids[:, None], top_ids], 1), torch.cat([chosen, top_logprobs], 1), rank
 
 
-def to_dict(ids: list[int], logprobs: list[float], rank: int, n: int) -> dict[int, Logprob]:
+def to_arrays(ids: list[int], logprobs: list[float], rank: int, n: int) -> LogprobArrays:
     """One position: the chosen token (its rank), then the top n (ranks 1..n); the chosen one appears once."""
-    out = {ids[0]: Logprob(logprobs[0], rank)}
+    out = {ids[0]: (logprobs[0], rank)}
     for r in range(1, n + 1):
-        out.setdefault(ids[r], Logprob(logprobs[r], r))
-    return out
+        out.setdefault(ids[r], (logprobs[r], r))
+    return list(out), [lp for lp, _ in out.values()], [r for _, r in out.values()]
 
 
 @dataclass
@@ -51,13 +51,13 @@ class StepLogprobs:
     tensors: list[torch.Tensor]
 
     def on_host(self, host: list[torch.Tensor], num_rows: int):
-        """-> (a dict or None per sampling row, [(sequence, first position, [dict per position])])."""
+        """-> (arrays or None per sampling row, [(sequence, first position, [arrays per position])])."""
         ids, logprobs, ranks = (t.tolist() for t in host)
-        per_row: list[dict | None] = [None] * num_rows
+        per_row: list[LogprobArrays | None] = [None] * num_rows
         for i, (row, n) in enumerate(self.sampled):
-            per_row[row] = to_dict(ids[i], logprobs[i], ranks[i], n)
+            per_row[row] = to_arrays(ids[i], logprobs[i], ranks[i], n)
         prompt, i = [], len(self.sampled)
         for seq, first, n, count in self.prompt:
-            prompt.append((seq, first, [to_dict(ids[j], logprobs[j], ranks[j], n) for j in range(i, i + count)]))
+            prompt.append((seq, first, [to_arrays(ids[j], logprobs[j], ranks[j], n) for j in range(i, i + count)]))
             i += count
         return per_row, prompt

@@ -94,8 +94,7 @@ class VerifiedTokens:
 @dataclass
 class BatchLayout:
     """What a rank needs, beside the flat int64 tensor, to cut it back into a step's inputs."""
-    field_sizes: list[int]  # input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, tables,
-    #                         and the copy-on-write blocks' sources and destinations
+    field_sizes: list[int]  # input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, tables
     num_seqs: int
     table_width: int
     max_query_len: int
@@ -158,6 +157,8 @@ class ModelRunner:
     def capture_cuda_graphs(self, num_speculative_tokens: int = 0) -> None:
         """Record decode steps as CUDA graphs, and verify steps of k + 1 tokens per sequence when speculating
         with k guesses (a GPU, and a backend whose kernels allow it)."""
+        if self.device.type != "cuda" or not self.attn_backend.supports_cuda_graphs:
+            return
         self.graphs = None  # a fresh capture (another k) must not hold the old graphs' memory meanwhile
         self.graphs = CUDAGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
                                  self.block_size, self.device, self.attn_backend.build_metadata, num_speculative_tokens)
@@ -203,7 +204,6 @@ class ModelRunner:
             if e.samples:  # logits at the last token; a verify's at each guess's position too
                 end = len(token_ids)
                 sample_positions.extend(range(end - 1 - len(e.draft_token_ids), end))
-                sample_positions.extend([end - 1] * len(e.forks))  # n > 1: each answer samples from the prompt's end
         context_lens = [s + n for s, n in zip(starts, lens)]
         num_decodes = scheduler_output.num_decodes
         max_context_len = max(context_lens)
@@ -220,12 +220,11 @@ class ModelRunner:
         slots = block_tables[owner, positions // bs].long() * bs + positions % bs
         sample_index = torch.tensor(sample_positions + prompt_positions, dtype=torch.int64)
 
-        # Everything travels in one host-to-device copy (from pinned memory on a GPU, so the copy is
-        # asynchronous), then is cut into views: one transfer per step instead of nine.
-        copies = torch.tensor(scheduler_output.block_copies, dtype=torch.int64).view(-1, 2)
+        # Everything travels in one asynchronous host-to-device copy (from pinned memory on a GPU), then is
+        # cut into views.
         fields = [torch.tensor(token_ids), positions, slots, cu_seqlens, torch.tensor(context_lens), sample_index,
                   torch.tensor(from_gpu_dst, dtype=torch.int64), torch.tensor(from_gpu_src, dtype=torch.int64),
-                  block_tables.flatten(), copies[:, 0], copies[:, 1]]
+                  block_tables.flatten()]
         host = torch.empty(sum(f.numel() for f in fields), dtype=torch.int64, pin_memory=self.use_async_copies)
         torch.cat([f.to(torch.int64) for f in fields], out=host)
         flat = host.to(self.device, non_blocking=True)
@@ -239,7 +238,7 @@ class ModelRunner:
         return flat, layout
 
     def _unpack(self, flat: torch.Tensor, layout: BatchLayout):
-        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, _, _, block_tables, _, _ = flat.split(
+        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, _, _, block_tables = flat.split(
             layout.field_sizes)
         meta = AttentionMetadata(
             cu_seqlens_q=cu_seqlens.int(), context_lens=context_lens.int(), slot_mapping=slots,
@@ -264,17 +263,11 @@ class ModelRunner:
                 flat = torch.empty(sum(layout.field_sizes), dtype=torch.int64, device=self.device)
             dist.broadcast(flat, src=0)
         input_ids, positions, meta, sample_index = self._unpack(flat, layout)
-        *_, copy_src, copy_dst = flat.split(layout.field_sizes)
-        if copy_src.numel():  # copy-on-write (n > 1): a shared block's keys and values, before anyone writes
-            for k_cache, v_cache in self.kv_caches:
-                k_cache[copy_dst] = k_cache[copy_src]
-                v_cache[copy_dst] = v_cache[copy_src]
         shape = choose_graph(self.graphs.ladders, meta.num_seqs, meta.max_query_len) if self.graphs else None
         if shape is not None:
             self.graph_replays["decode" if shape[0] == 1 else "verify"] += 1
             logits = self.graphs.run(shape, input_ids, positions, meta)
-            # Every row samples in a decode or verify step; not in a draft's catch-up (its last row only), nor where
-            # n > 1 answers sample the same row or prompt logprobs add rows.
+            # Every row samples in a decode or verify step; not in a draft's catch-up, nor with prompt logprobs.
             return logits if layout.every_row_samples else logits[sample_index]
         hidden = self.model(input_ids, positions, self.attn_backend.build_metadata(meta))
         return self.model.compute_logits(hidden[sample_index])

@@ -36,7 +36,7 @@ def _start_decoding(engine, batch: int, context: int) -> list:
     ids = [f"profile-{time.perf_counter_ns()}-{i}" for i in range(batch)]
     for i, request_id in enumerate(ids):
         engine.add_request(request_id, [(7 * i + j) % (vocab - 1) + 1 for j in range(context)], params)
-    seqs = [engine.requests[request_id] for request_id in ids]
+    seqs = [engine.scheduler.requests[request_id] for request_id in ids]
     while not all(seq.num_output_tokens for seq in seqs):
         engine.step()
     engine.step()  # one decode step to warm up

@@ -73,7 +73,7 @@ def step_times_ms(llm, prompts: list[list[int]], params: SamplingParams, warmup:
         engine.add_request(f"bench-{i}", prompt, params)
     decoding = 0
     while engine.has_unfinished_requests() and len(times) < steps:
-        full = all(seq.num_output_tokens > 0 for seq in engine.requests.values())
+        full = all(seq.num_output_tokens > 0 for seq in engine.scheduler.requests.values())
         start = time.perf_counter()
         engine.step()
         if llm.llm_engine.device.type == "cuda":
