@@ -28,6 +28,7 @@ from minivllm import LLM, AsyncLLM, SamplingParams
 from minivllm.config import engine_config
 from minivllm.engine import core as core_module
 from minivllm.engine.async_llm import EngineDeadError
+from minivllm.engine.core import EngineCore
 from minivllm.engine.core_messages import (
     AbortRequests,
     CoreOutput,
@@ -37,7 +38,6 @@ from minivllm.engine.core_messages import (
     EngineCoreRequest,
     Shutdown,
 )
-from minivllm.engine.llm_engine import LLMEngine
 from minivllm.server.launcher import free_port
 
 ENGINE = dict(max_model_len=128, block_size=8, num_kv_blocks=40, max_num_seqs=6)
@@ -141,7 +141,7 @@ def test_the_core_drops_malformed_messages_and_goes_on(tiny_llama, tmp_path, cap
 
 
 def test_a_crash_mid_step_is_reported_and_the_core_exits_non_zero(tiny_llama, tmp_path, monkeypatch):
-    real_step, calls = LLMEngine.step, []
+    real_step, calls = EngineCore.step, []
 
     def failing_step(self):
         calls.append(1)
@@ -149,7 +149,7 @@ def test_a_crash_mid_step_is_reported_and_the_core_exits_non_zero(tiny_llama, tm
             raise RuntimeError("injected failure in step 3")
         return real_step(self)
 
-    monkeypatch.setattr(LLMEngine, "step", failing_step)
+    monkeypatch.setattr(EngineCore, "step", failing_step)
     core = CoreInAThread(tmp_path, tiny_llama[0])
     assert isinstance(core.receive(timeout_s=120), EngineCoreReady)
     core.send(request("r", [1, 2, 3], 50))
@@ -176,7 +176,7 @@ async def three_streams_until_the_core_dies(engine, fault, match: str, timeout_s
 
 def test_a_crash_in_thread_mode_fails_every_stream(tiny_llama, monkeypatch):
     engine = AsyncLLM(tiny_llama[0], engine_core_process=False, **ENGINE)
-    real_step = LLMEngine.step
+    real_step = EngineCore.step
     crash = threading.Event()
 
     def step(self):
@@ -184,7 +184,7 @@ def test_a_crash_in_thread_mode_fails_every_stream(tiny_llama, monkeypatch):
             raise RuntimeError("injected failure")
         return real_step(self)
 
-    monkeypatch.setattr(LLMEngine, "step", step)
+    monkeypatch.setattr(EngineCore, "step", step)
 
     try:
         asyncio.run(three_streams_until_the_core_dies(engine, crash.set, "injected failure", timeout_s=60))
@@ -219,13 +219,13 @@ TINY_WORDS = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "voc
 # whatever the machine's speed (a fixed step count could crash before the first event was sent).
 CRASHING_STEP = textwrap.dedent("""
     import os
-    from minivllm.engine.llm_engine import LLMEngine
-    real_step, flag = LLMEngine.step, os.path.join(os.path.dirname(__file__), "crash-now")
+    from minivllm.engine.core import EngineCore
+    real_step, flag = EngineCore.step, os.path.join(os.path.dirname(__file__), "crash-now")
     def step(self):
         if os.path.exists(flag):
             raise RuntimeError("injected failure mid-step")
         return real_step(self)
-    LLMEngine.step = step
+    EngineCore.step = step
 """)
 
 

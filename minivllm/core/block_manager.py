@@ -1,26 +1,11 @@
 """The paged KV cache's bookkeeping: blocks, reference counts, block tables, prefix hashes.
 
-The KV pool of every layer is cut into `num_blocks` blocks of `block_size` token slots. A
-sequence owns a *block table*, the list of its blocks in order; token `p` of the sequence
-lives in slot `block_table[p // block_size] * block_size + p % block_size`. Memory is taken
-one block at a time as a sequence grows, so at most one partly filled block per sequence
-is wasted (vLLM: under 4%, against 60-80% for caches reserved at the maximum length).
-
-Prefix caching: a *full* block is named by a hash chained over the whole prefix up to its
-end, `hash((parent_hash, tokens_of_block))`, so equal hashes mean equal prefixes (the
-tokens are compared too on a hit: a hash collision must not give wrong text). A new
-request whose prompt starts with cached blocks shares them (reference count + 1) instead
-of computing them again. A block nobody references any more keeps its contents and its
-hash, and waits in an LRU list: it counts as free, and is reused for new data only when
-the free list is empty, least recently used first.
-
-Sliding window: a sequence that attends only to its last `window` tokens releases the
-blocks that fell entirely out of the window (its table keeps a NO_BLOCK hole there).
-
-    >>> bm = BlockManager(num_blocks=8, block_size=4)
-    >>> bm.allocate(seq, num_tokens=6)      # blocks for the first 6 tokens: 2 blocks
-    >>> seq.block_table
-    [0, 1]
+A sequence's *block table* lists its blocks in order: token p lives in slot
+`block_table[p // block_size] * block_size + p % block_size`, and blocks are taken as it grows.
+Prefix caching names each full block by a hash chained over the prefix up to its end (the tokens are
+compared too on a hit); a new request shares the cached blocks its prompt starts with. A block nobody
+holds keeps its name and waits in an LRU list: it counts as free and is reused, least recently used
+first, only when no never-used block is left. A sliding window releases blocks that left the window.
 """
 from __future__ import annotations
 
@@ -122,8 +107,7 @@ class BlockManager:
 
     # ---- prefix caching ----------------------------------------------------------------
     def _hashes(self, seq, num_full_blocks: int) -> list[int]:
-        """The prefix hashes of the sequence's first full blocks, each computed once and kept
-        on the sequence (its tokens never change, so neither do they)."""
+        """The prefix hashes of the sequence's first full blocks (computed once, kept on the sequence)."""
         hashes = seq.block_hashes
         while len(hashes) < num_full_blocks:
             tokens = self._block_tokens(seq, len(hashes))
@@ -134,11 +118,8 @@ class BlockManager:
         return tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
 
     def match_prefix(self, seq) -> int:
-        """For a sequence with no blocks yet: share the cached blocks its tokens start with.
-        Returns the number of tokens whose KV is already there (a multiple of block_size).
-
-        The last token is never taken from the cache: its logits are needed to sample the
-        next token, so at least one token is always computed."""
+        """For a sequence with no blocks yet: share the cached blocks its tokens start with; returns the
+        tokens whose KV is there. The last token is always computed: its logits sample the next one."""
         assert not seq.block_table
         if not self.enable_prefix_caching:
             return 0
@@ -155,10 +136,8 @@ class BlockManager:
         return seq.num_cached_blocks * self.block_size
 
     def cache_full_blocks(self, seq) -> None:
-        """Name the sequence's newly completed blocks so later requests can share them: when a step is
-        scheduled (its blocks count as computed from then on) and when a sampled token completes one.
-        A block is named once its tokens count as computed and their ids are known on the host (a token
-        sampled in a step still in flight is not known yet: `len(seq)` stops before it)."""
+        """Name the sequence's newly completed blocks so later requests can share them, once their tokens
+        count as computed and their ids are on the host (`len(seq)` stops before a token in flight)."""
         num_full_blocks = min(seq.num_computed_tokens, len(seq)) // self.block_size
         if not self.enable_prefix_caching or num_full_blocks <= seq.num_cached_blocks:
             return  # the common case at a decode step: no block filled up
