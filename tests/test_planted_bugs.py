@@ -7,13 +7,12 @@ AsyncLLM, BlockManager) so that they survive a rewrite of the engine's internals
 import asyncio
 
 import pytest
-from conftest import make_checkpoint
 from test_block_manager import seq_of
 from test_engine import hf_greedy, random_prompts
 
+from conftest import make_checkpoint
 from minivllm import LLM, AsyncLLM, SamplingParams
 from minivllm.core.block_manager import BlockManager
-
 
 # ---- scheduler: preemption -----------------------------------------------------------------------
 
