@@ -46,9 +46,15 @@ def _problem(e: Exception) -> str:
     return _XGRAMMAR_NOISE.sub("", str(e).strip())
 
 
+def _ebnf_literal(text: str) -> str:
+    """`text` as an EBNF string literal, whose escapes are JSON's. Characters are written as they are, not as
+    `\\uXXXX` (json.dumps's default): xgrammar reads each escape as one character, so a character outside the
+    BMP, escaped as a UTF-16 pair, would become two. (A lone surrogate, which UTF-8 cannot hold, stays escaped.)"""
+    return json.dumps(text, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _choice_grammar(choices: list[str]) -> str:
-    # An EBNF literal's escapes are JSON's, so json.dumps writes each choice as a literal.
-    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+    return "root ::= " + " | ".join(_ebnf_literal(c) for c in choices)
 
 
 _ANY_OBJECT = '{"type": "object"}'  # OpenAI's json_object: any JSON object, not any JSON value
