@@ -1,11 +1,7 @@
-"""Structured outputs: answers that follow a JSON schema, a regex, a list of choices or a grammar.
+"""Structured outputs: outputs that follow a JSON schema, a regex, a list of choices or a grammar.
 
-At every step the request's grammar says which tokens may come next; the others' logits become -inf before
-sampling, so the answer parses by construction (xgrammar, as in vLLM).
-
-- `manager.py`: the specs checked at the door, compiled once and cached, a matcher per request, and the
-  bitmask of each step filled on the CPU (while the GPU runs the step's forward: see `LLMEngine`);
-- `bitmask.py`: the bitmask applied to the logits on the device.
+Before sampling, the logits of tokens the request's grammar forbids become -inf (xgrammar, as in vLLM).
+`manager.py` compiles the grammars and fills each step's bitmask; `bitmask.py` applies it to the logits.
 """
 from .bitmask import GrammarBitmask, allowed_tokens
 from .manager import RequestGrammar, StructuredOutputManager, check_structured_outputs
