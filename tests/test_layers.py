@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = [
     ("config and params", ["minivllm.config", "minivllm.sampling_params", "minivllm.outputs", "minivllm.utils",
                            "minivllm.structured_outputs_params"]),
-    ("kernels and the distributed state", ["minivllm.kernels", "minivllm.distributed"]),
-    ("layers and attention backends", ["minivllm.layers", "minivllm.attention"]),
+    ("kernels", ["minivllm.kernels"]),
+    ("the distributed state", ["minivllm.distributed"]),
+    ("layers", ["minivllm.layers"]),
+    ("attention backends", ["minivllm.attention"]),
     ("models", ["minivllm.models"]),
     ("structured outputs", ["minivllm.structured_output"]),
     ("core", ["minivllm.core"]),

@@ -32,7 +32,14 @@ def calls_print_source(node: ast.AST) -> bool:
                for n in ast.walk(node))
 
 
-SOURCE_CELLS = [pytest.param(path, index, id=f"{path.stem[:2]}-cell{index}")
+# Issue 30 (the engine in vLLM v1's shape, its prose cut) changed the source these cells print; the series is
+# re-executed from one commit under issue 33. strict: once it is, these pass, pytest reports that as a failure,
+# and whoever re-ran the series removes this mark and STALE_UNTIL_RE_RUN.
+STALE = pytest.mark.xfail(strict=True, raises=AssertionError,
+                          reason="prints source changed by issue 30: re-execute the series (issue 33), then remove")
+STALE_UNTIL_RE_RUN = set()
+SOURCE_CELLS = [pytest.param(path, index, id=f"{path.stem[:2]}-cell{index}",
+                             marks=STALE if f"{path.stem[:2]}-cell{index}" in STALE_UNTIL_RE_RUN else ())
                 for path, index, cell in code_cells() if "print_source(" in "".join(cell["source"])]
 
 
