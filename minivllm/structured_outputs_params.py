@@ -56,7 +56,7 @@ class StructuredOutputsParams:
 
     @property
     def key(self) -> tuple[str, str]:
-        """(kind, text): what a compiled grammar is cached by, and what crosses a socket."""
+        """(kind, text): what a compiled grammar is cached by."""
         if self.json is not None:
             # (keys not sorted: their order is the order of the properties in the answer)
             text = self.json if isinstance(self.json, str) else _json.dumps(self.json)
@@ -67,17 +67,3 @@ class StructuredOutputsParams:
             return "json_object", ""
         kind = "regex" if self.regex is not None else "grammar"
         return kind, getattr(self, kind)
-
-    @classmethod
-    def from_key(cls, kind: str, text: str) -> StructuredOutputsParams:
-        """The inverse of `key` (checked again: what arrives on a socket is not trusted)."""
-        if kind not in KINDS:
-            raise ValueError(f"structured_outputs: unknown kind {reprlib.repr(kind)}")
-        if kind == "json_object":
-            return cls(json_object=True)
-        if kind == "choice":
-            try:
-                return cls(choice=_json.loads(text))
-            except ValueError as e:
-                raise ValueError(f"structured_outputs.choice: {e}") from None
-        return cls(**{kind: text})

@@ -3,11 +3,12 @@ newlines: the output's text is exactly the string (the real SmolLM2, greedy, flo
 
 The bug this catches: a `choice` was written into its EBNF grammar with `json.dumps`, which escapes "🎉" as
 the UTF-16 pair \\ud83c\\udf89; xgrammar reads those as two characters, so the output came back as U+FFFD
-characters. The spec also goes through `StructuredOutputsParams.key` / `from_key`, as it does on its way to
+characters. The spec also goes through msgpack (msgspec), as it does on its way to
 a server's engine core.
 """
 import json
 
+import msgspec
 import pytest
 
 from minivllm import LLM, SamplingParams, StructuredOutputsParams
@@ -29,7 +30,7 @@ def llm():
 
 
 def generate(llm, spec: StructuredOutputsParams) -> str:
-    spec = StructuredOutputsParams.from_key(*spec.key)  # what crosses the socket to a server's core
+    spec = msgspec.msgpack.decode(msgspec.msgpack.encode(spec), type=StructuredOutputsParams)  # as to a core
     params = SamplingParams(temperature=0, max_tokens=40, structured_outputs=spec)
     out = llm.generate(["Repeat after me: party time!"], params, use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop"
