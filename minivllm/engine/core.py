@@ -123,7 +123,7 @@ class EngineCore:
                     num_blocks = num_blocks * target // (target + draft)
                 proposer.runner.initialize_kv_cache(num_blocks)
             executor.collective_rpc("initialize_kv_cache", num_blocks)
-            if not config.enforce_eager:  # (the runners capture only on a GPU, with a backend that allows it)
+            if not config.enforce_eager and executor.collective_rpc("can_capture_cuda_graphs"):
                 executor.collective_rpc("capture_cuda_graphs", config.num_speculative_tokens)
                 if isinstance(proposer, DraftModelProposer):  # its drafts are decodes, its catch-up a few tokens
                     proposer.runner.capture_cuda_graphs(config.num_speculative_tokens)

@@ -49,6 +49,10 @@ class LLMEngine:
         return self.engine_core.executor
 
     @property
+    def proposer(self):
+        return self.engine_core.proposer
+
+    @property
     def structured_output(self):
         return self.engine_core.structured_output
 

@@ -154,11 +154,12 @@ class ModelRunner:
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
             layer.bind_cache(k_cache, v_cache)
 
+    def can_capture_cuda_graphs(self) -> bool:
+        return self.device.type == "cuda" and self.attn_backend.supports_cuda_graphs
+
     def capture_cuda_graphs(self, num_speculative_tokens: int = 0) -> None:
         """Record decode steps as CUDA graphs, and verify steps of k + 1 tokens per sequence when speculating
         with k guesses (a GPU, and a backend whose kernels allow it)."""
-        if self.device.type != "cuda" or not self.attn_backend.supports_cuda_graphs:
-            return
         self.graphs = None  # a fresh capture (another k) must not hold the old graphs' memory meanwhile
         self.graphs = CUDAGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
                                  self.block_size, self.device, self.attn_backend.build_metadata, num_speculative_tokens)
