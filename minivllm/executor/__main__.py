@@ -1,7 +1,6 @@
-"""`python -m minivllm.executor`: one worker rank of a tensor-parallel engine (the engine starts it).
+"""`python -m minivllm.executor`: one worker rank of a tensor-parallel engine.
 
-Its stdout is the line back to rank 0, so it is set aside first, and anything the worker prints
-goes to stderr instead."""
+stdout carries replies to rank 0, so it is kept aside and prints go to stderr."""
 import os
 
 reply = os.fdopen(os.dup(1), "wb")

@@ -1,22 +1,7 @@
-"""The executor: the engine's one handle on the model, whether it runs in this process or over N ranks.
+"""The executor: the engine's interface to the model runner(s), for one rank or N tensor-parallel ranks.
 
-The engine asks for three things, and does not care how many processes answer:
-
-- `collective_rpc(method, *args)`: every rank's runner runs `method` (a `ModelRunner` method's name, or a
-  function called as `function(runner, *args)`) with the same arguments; rank 0's result comes back. Set-up
-  goes this way (the KV pool's size, allocating it, capturing CUDA graphs), as does a benchmark that must
-  run on every rank;
-- `execute_model(scheduler_output)`: one step's forward, logits on rank 0's device, not waited for;
-- `sample(logits, scheduler_output)`: rank 0 picks the tokens (under the grammars' bitmask, if any).
-
-`Executor` is one rank in this process (vLLM's UniProcExecutor). `TensorParallelExecutor` is rank 0 here
-and N - 1 worker processes (`workers.py`): rank 0 packs the step's batch once and the workers receive it by
-broadcast inside `execute_batch`. If a call fails on rank 0 after the workers have started it, the ranks are
-out of step: the workers are stopped and the next call says why, rather than leave them waiting forever.
-
-    >>> executor = make_executor(runner_args, tensor_parallel_size=2, device="cuda")
-    >>> executor.collective_rpc("initialize_kv_cache", 1024)
-    >>> logits = executor.execute_model(scheduler_output)
+`collective_rpc` runs a runner method on every rank and returns rank 0's result; `execute_model` runs one
+step's forward; `sample` picks tokens on rank 0. `Executor` is vLLM's UniProcExecutor.
 """
 from __future__ import annotations
 
@@ -35,7 +20,7 @@ class Executor:
     """One rank, in this process."""
 
     def __init__(self, runner: ModelRunner):
-        self.runner = runner  # rank 0's runner: the one in this process
+        self.runner = runner
 
     def collective_rpc(self, method: str | Callable, *args, **kwargs):
         return call_on_runner(self.runner, method, args, kwargs)
@@ -52,11 +37,11 @@ class Executor:
 
 
 class TensorParallelExecutor(Executor):
-    """Rank 0 in this process, ranks 1 .. N-1 in worker processes that run what rank 0 tells them."""
+    """Rank 0 in this process, ranks 1 .. N-1 in worker processes."""
 
     def __init__(self, tensor_parallel_size: int, device: str, runner_args: dict):
         self.workers = TensorParallelWorkers(tensor_parallel_size, device, runner_args)
-        # At exit, or when the executor is collected, the workers stop; the finalizer holds the workers only.
+        # Must not reference self, or the executor would never be collected.
         self._stop_workers = weakref.finalize(self, self.workers.shutdown)
         try:
             super().__init__(ModelRunner(**runner_args))
@@ -72,25 +57,24 @@ class TensorParallelExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         flat, layout = self.runner.pack(scheduler_output)
-        self.workers.call("execute_batch", layout)  # the workers receive `flat` from rank 0's broadcast
+        self.workers.call("execute_batch", layout)  # `flat` reaches them by broadcast
         return self._run_on_rank_0("execute_batch", lambda: self.runner.execute_batch(layout, flat))
 
     def _run_on_rank_0(self, name: str, call: Callable):
-        """Rank 0's side of a call every rank makes. If it fails here, the workers are already in it and
-        would wait for rank 0 forever: stop them, so the next call says why instead of hanging."""
+        """Run rank 0's part of a call; on failure, abort the workers, which would otherwise hang."""
         try:
             return call()
         except BaseException as e:
             try:
                 self.workers.check_alive()
-            except RuntimeError as dead:  # the failure was a worker's death: say so
+            except RuntimeError as dead:
                 self.workers.abort(str(dead))
                 raise dead from e
             self.workers.abort(f"rank 0 failed in {name}: {e!r}")
             raise
 
     def shutdown(self) -> None:
-        self._stop_workers()  # runs the workers' shutdown once, however often it is called
+        self._stop_workers()  # idempotent
 
 
 def make_executor(runner_args: dict, tensor_parallel_size: int, device: str) -> Executor:

@@ -1,26 +1,7 @@
-"""The worker processes of a tensor-parallel engine, started and stopped by the engine itself.
+"""Worker processes for tensor parallelism: ranks 1 .. N-1, each with its own `ModelRunner`.
 
-`LLM(model, tensor_parallel_size=N)` runs in one process, rank 0: it schedules, samples and talks
-to users, and runs its slice of the model. It starts N - 1 worker processes (ranks 1 .. N-1), each
-with a `ModelRunner` holding its slice of the weights and of the KV cache, on its own GPU (or CPU).
-A worker does only what rank 0 tells it: rank 0 writes `(method, arguments)` to every worker's
-stdin (a runner method's name, or a function of the runner, pickled by reference), and every worker
-calls it on its runner; inside it the collectives of the forward
-(all-reduce, all-gather, the batch's broadcast) meet those of rank 0. So the same scheduler decision
-runs everywhere, and nothing but rank 0 ever decides anything. (The commands go through a pipe, not a
-collective: a worker may wait for the next one for hours without a timeout, and when rank 0's process
-ends, however it ends, the pipe closes and the worker leaves.)
-
-    >>> workers = TensorParallelWorkers(2, "cpu", runner_args)   # this process becomes rank 0
-    >>> runner = ModelRunner(**runner_args); workers.wait_ready()
-    >>> workers.call("initialize_kv_cache", 64); runner.initialize_kv_cache(64)   # (what the executor does)
-    >>> workers.shutdown()
-
-Failure: a worker that cannot start sends its traceback back (rank 0 raises it); one that dies later
-is found by `check_alive` before each call, or when a collective with it fails on the CPU (gloo sees
-the connection close): a clear `RuntimeError`, and the group is torn down (`abort`), since the ranks
-can no longer be in step. On GPUs, a collective waiting for a dead peer is only ended by NCCL's
-timeout (the group's `timeout_s`), which aborts the process.
+Workers run the runner calls rank 0 sends, pickled, over their stdin. A pipe rather than a collective
+lets an idle worker wait without a timeout and exit when rank 0's process ends.
 """
 from __future__ import annotations
 
@@ -38,7 +19,7 @@ import torch
 from ..distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
 from ..worker.model_runner import ModelRunner
 
-STARTUP_TIMEOUT_S = 600  # loading a slice of a big checkpoint, compiling kernels
+STARTUP_TIMEOUT_S = 600
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -57,10 +38,8 @@ class TensorParallelWorkers:
     def __init__(self, world_size: int, device: str, runner_args: dict):
         device_type = torch.device(device).type
         init_method = f"tcp://127.0.0.1:{_free_port()}"
-        self.broken: str | None = None  # why the group can no longer run, once it cannot
-        # Each worker is a fresh `python -m minivllm.executor`, not a multiprocessing child:
-        # nothing of the user's script is imported again, so it needs no `if __name__ == "__main__"`
-        # guard, and a notebook works the same. Its start-up arguments arrive pickled on stdin.
+        self.broken: str | None = None  # the reason the group can no longer run
+        # Not multiprocessing, so the user's script needs no `if __name__ == "__main__"` guard.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]))
         self.processes: dict[int, subprocess.Popen] = {}
@@ -71,8 +50,7 @@ class TensorParallelWorkers:
             self._send(process, (rank, world_size, init_method, device_type,
                                  dict(runner_args, device=rank_device(device, rank))))
         try:
-            # Every worker first says it is about to join (or why it cannot): only then does this
-            # process wait in the group's rendezvous, which it could not leave if a worker never came.
+            # Enter the rendezvous only once every worker has started, since it cannot be left.
             self._expect("joining")
             init_tensor_parallel(0, world_size, init_method, device_type)
         except BaseException:
@@ -80,7 +58,7 @@ class TensorParallelWorkers:
             raise
 
     def wait_ready(self) -> None:
-        """Wait until every worker has built its model: raise a worker's own error if one could not."""
+        """Wait until every worker has built its model; raise a worker's error if one failed."""
         self._expect("ready")
 
     def _expect(self, word: str) -> None:
@@ -93,7 +71,7 @@ class TensorParallelWorkers:
                     raise RuntimeError(f"tensor-parallel worker {rank} did not start in {STARTUP_TIMEOUT_S} s")
             try:
                 message = pickle.load(process.stdout)
-            except (EOFError, pickle.UnpicklingError):  # it died before it could say why
+            except (EOFError, pickle.UnpicklingError):  # died before sending its traceback
                 message = f"exit code {process.wait()}"
             if message != word:
                 raise RuntimeError(f"tensor-parallel worker {rank} failed to start:\n{message}")
@@ -109,7 +87,7 @@ class TensorParallelWorkers:
                                    "(LLM.shutdown()) and start a new one")
 
     def call(self, method, *args, **kwargs) -> None:
-        """Every worker's runner runs `method(*args, **kwargs)` (rank 0 runs it too, right after)."""
+        """Send `method(*args, **kwargs)` to every worker; the caller runs rank 0's part."""
         self.check_alive()
         for process in self.processes.values():
             self._send(process, (method, args, kwargs))
@@ -120,12 +98,12 @@ class TensorParallelWorkers:
         process.stdin.flush()
 
     def abort(self, why: str) -> None:
-        """The ranks are out of step (a call failed on one of them): kill the workers, leave the group."""
+        """Kill the workers and leave the group after a failed call."""
         self.broken = self.broken or why
         self._stop(graceful=False)
 
     def shutdown(self) -> None:
-        """Tell the workers to stop, wait for them (one that does not stop is killed), leave the group."""
+        """Stop the workers (killing any that hang) and leave the group."""
         self.broken = self.broken or "it was shut down"
         self._stop(graceful=True)
 
@@ -134,9 +112,9 @@ class TensorParallelWorkers:
             try:
                 if graceful and process.poll() is None:
                     self._send(process, ("exit", (), {}))
-                process.stdin.close()  # a worker reading its next command sees the end and leaves
+                process.stdin.close()  # the worker exits on EOF
             except OSError:
-                pass  # it is gone already
+                pass
         for process in self.processes.values():
             try:
                 process.wait(timeout=30 if graceful else 5)
@@ -149,15 +127,15 @@ class TensorParallelWorkers:
 
 
 def call_on_runner(runner: ModelRunner, method, args, kwargs):
-    """`method` is a runner method's name, or a function called as `method(runner, *args, **kwargs)`."""
+    """`method` is a runner method's name or a function called as `method(runner, *args, **kwargs)`."""
     if isinstance(method, str):
         return getattr(runner, method)(*args, **kwargs)
     return method(runner, *args, **kwargs)
 
 
 def worker_main(reply) -> None:
-    """A worker's whole life: join the group, build its runner, run what rank 0 sends.
-    `reply` is the line back to rank 0 (the process's original stdout)."""
+    """Join the group, build the runner, then run rank 0's commands until exit or EOF.
+    `reply` is the process's original stdout."""
     def send(message):
         pickle.dump(message, reply)
         reply.flush()
@@ -167,7 +145,7 @@ def worker_main(reply) -> None:
         rank, world_size, init_method, device_type, runner_args = pickle.load(commands)
         if device_type == "cuda":
             torch.cuda.set_device(runner_args["device"])
-        else:  # share the cores with the other ranks rather than all fight over all of them
+        else:  # split the CPU cores between ranks
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     except BaseException:
         send(traceback.format_exc())
@@ -184,7 +162,7 @@ def worker_main(reply) -> None:
         while True:
             try:
                 method, args, kwargs = pickle.load(commands)
-            except EOFError:  # rank 0 has gone
+            except EOFError:  # rank 0 exited
                 break
             if method == "exit":
                 break
