@@ -1,45 +1,43 @@
-"""What the engine core returns per step (`EngineCoreOutput`) and what `LLM.generate` and `LLMEngine.step`
-return (`RequestOutput`), with vLLM's field names."""
+"""The engine core's `EngineCoreOutput` and the user-facing `RequestOutput`, as in vLLM."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import msgspec
 
-# One position's logprobs as arrays: token ids (the chosen one first), their logprobs, their ranks.
+# Per position: token ids (sampled first), logprobs, ranks.
 LogprobArrays = tuple[list[int], list[float], list[int]]
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, frozen=True):
-    """One request's new tokens from one step (sent as a list, without field names)."""
+    """One request's new tokens from one step."""
     request_id: str
     new_token_ids: list[int]
-    finish_reason: str | None = None                          # set on the request's last output
-    new_logprobs: list[LogprobArrays] | None = None           # one per new token, if asked
-    new_prompt_logprobs: list[LogprobArrays] | None = None    # prompt positions computed this step, if asked
+    finish_reason: str | None = None
+    new_logprobs: list[LogprobArrays] | None = None
+    new_prompt_logprobs: list[LogprobArrays] | None = None    # prompt positions computed this step
 
 
 @dataclass
 class Logprob:
-    """One token's log-probability at one position (vLLM's Logprob)."""
+    """One token's log-probability."""
     logprob: float
-    rank: int | None = None            # 1 = the most likely token there
-    decoded_token: str | None = None   # the token alone, decoded (None without a tokenizer)
+    rank: int | None = None            # 1 = most likely
+    decoded_token: str | None = None
 
 
 @dataclass
 class CompletionOutput:
     index: int
-    text: str                  # the output so far ("" when the model has no tokenizer)
+    text: str                  # "" without a tokenizer
     token_ids: list[int]
-    finish_reason: str | None  # "length" | "stop" | "abort" | None while running
-    # SamplingParams.logprobs set: one dict per token of token_ids, token id -> Logprob (the chosen one first)
+    finish_reason: str | None  # "length" | "stop" | "abort" | None
     logprobs: list[dict[int, Logprob]] | None = None
 
 
 @dataclass
 class RequestMetrics:
-    arrival_time: float                     # time.perf_counter() clock, seconds
+    arrival_time: float                     # perf_counter
     first_token_time: float | None = None
     finished_time: float | None = None
 
@@ -52,5 +50,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics = field(default=None)
-    # SamplingParams.prompt_logprobs set: one per prompt token, None for the first (nothing comes before it)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
