@@ -1,36 +1,11 @@
-"""CUDA graphs for decode and verify steps: one launch replays a whole forward instead of ~2,000.
+"""CUDA graphs for decode and verify steps: one launch replays a whole forward.
 
-A batch-1 decode step of a 7B model is a few ms of GPU work wrapped in tens of ms of Python
-and kernel launches (notebook 11 profiles it). A CUDA graph records every kernel of one
-forward once, with arguments that point at fixed buffers; replaying it is a single launch.
-Shapes are frozen at capture, hence the rules here:
-
-- a graph has a shape (query_len, batch): `batch` sequences of at most `query_len` new tokens each.
-  Decode graphs have query_len 1; with speculative decoding (k guesses) verify graphs have
-  query_len k + 1, a sequence's last token and its guesses. A step runs on the graph of the smallest
-  query_len that holds its longest sequence, and of the next batch size up the ladder
-  (1, 2, 4, 8, 16, 32, ...): `choose_graph`;
-- a step's inputs are copied into the graph's buffers (`GraphBuffers.load`), then the graph is
-  replayed. The real tokens come first, packed as in an eager step; the padding is at the end:
-  padding tokens have cache slot -1 (not stored), padding sequences no tokens and context length 0,
-  which the Triton kernels skip. So a verify step whose sequences bring fewer than k + 1 tokens
-  (fewer guesses, plain decodes) needs no padding inside a sequence: the prefill kernel reads each
-  sequence's own query length from cu_seqlens, and only the grid is sized for k + 1. (In a verify
-  graph every sequence goes to the prefill kernel, plain decodes too: how many of them are decodes
-  changes from step to step, and a graph cannot split its batch where they end.)
-- the graph computes the logits of every row; the step keeps those of its first rows (in a verify
-  step every token samples: its rows are in the order the rejection sampler reads them), or picks
-  the sampling rows (`sample_index`) when some do not sample (a draft model's catch-up);
-- verify graphs stop at the batch whose k + 1 tokens per sequence fill the decode graphs of the
-  default 256 sequences (`graph_ladders`), so their activations and logits take no more memory than
-  those (all graphs share one memory pool and one logits buffer); a larger verify step runs eagerly;
-- only with a backend that `supports_cuda_graphs`: the Triton one (the torch reference sizes its
-  tensors from the step's longest context).
-
-    >>> graphs = CUDAGraphs(model, max_batch=256, max_blocks_per_seq=64, block_size=16, device="cuda",
-    ...                     build_metadata=model.attn_backend.build_metadata, num_speculative_tokens=4)
-    >>> shape = choose_graph(graphs.ladders, num_seqs=3, max_query_len=5)    # (5, 4): a verify graph
-    >>> logits = graphs.run(shape, input_ids, positions, meta)    # [tokens of the step, vocab]
+A graph records a forward's kernels once, reading fixed buffers, so its shape is frozen: (query_len,
+batch), with query_len 1 for decodes and k + 1 for verifies with k draft tokens. `choose_graph` picks
+the smallest query_len that fits and the next batch size up. Inputs are copied into the buffers with
+padding at the end (slot -1, empty sequences), which the kernels skip; a sequence with fewer tokens
+than query_len needs no padding, as the prefill kernel reads its length from cu_seqlens. All graphs
+share one memory pool and one logits buffer. Requires a backend that `supports_cuda_graphs`.
 """
 from __future__ import annotations
 
@@ -42,20 +17,18 @@ from ..attention import AttentionMetadata
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then every 16: padding wastes at most 15 rows of a large batch."""
+    """1, 2, 4, 8, then every 16 up to `max_batch`."""
     sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16))
     return sizes + [max_batch]
 
 
-# Verify graphs hold at most this many tokens (or `max_batch`, if more): as many as the decode graphs of the
-# default max_num_seqs, so that they add no more activations and logits than those already take.
+# Verify graphs hold at most this many tokens (or `max_batch`), like decode graphs at the default
+# max_num_seqs, so they need no extra memory.
 MAX_VERIFY_GRAPH_TOKENS = 256
 
 
 def graph_ladders(max_batch: int, num_speculative_tokens: int = 0) -> dict[int, list[int]]:
-    """The batch sizes captured for each query length: decodes up to `max_batch`; verifies of k + 1 tokens
-    per sequence up to `max_batch` too, or fewer, so that they hold no more tokens than
-    max(`max_batch`, MAX_VERIFY_GRAPH_TOKENS) (at least batch 1)."""
+    """The batch sizes captured for each query length (1 for decodes, k + 1 for verifies)."""
     ladders = {1: batch_size_ladder(max_batch)}
     if num_speculative_tokens:
         q = num_speculative_tokens + 1
@@ -64,8 +37,7 @@ def graph_ladders(max_batch: int, num_speculative_tokens: int = 0) -> dict[int, 
 
 
 def choose_graph(ladders: dict[int, list[int]], num_seqs: int, max_query_len: int) -> tuple[int, int] | None:
-    """(query_len, batch) of the graph that runs a step of `num_seqs` sequences of at most `max_query_len` new
-    tokens each: the smallest query length that holds them, the next batch size up; None: run it eagerly."""
+    """(query_len, batch) of the graph for this step, or None to run it eagerly."""
     for q in sorted(ladders):
         if max_query_len <= q:
             ladder = ladders[q]
@@ -74,7 +46,7 @@ def choose_graph(ladders: dict[int, list[int]], num_seqs: int, max_query_len: in
 
 
 class GraphBuffers:
-    """The fixed input buffers every graph reads, sized for the largest shape; a step is copied into them."""
+    """The fixed input buffers every graph reads, sized for the largest shape."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, block_size: int, device):
         self.block_size = block_size
@@ -87,8 +59,7 @@ class GraphBuffers:
         self.cu_seqlens = torch.zeros(max_seqs + 1, dtype=torch.int32, device=device)
 
     def metadata(self, query_len: int, batch: int) -> AttentionMetadata:
-        """The metadata of a graph of this shape: views of the buffers, the longest context a sequence can
-        have, and decodes (query_len 1) sent to the decode kernel, everything else to the prefill kernel."""
+        """Metadata over views of the buffers; only query_len 1 uses the decode kernel."""
         decode = query_len == 1
         return AttentionMetadata(
             self.cu_seqlens[:batch + 1], self.context_lens[:batch], self.slot_mapping[:batch * query_len],
@@ -96,7 +67,7 @@ class GraphBuffers:
             num_decodes=batch if decode else 0, max_decode_context_len=self.max_len if decode else 0)
 
     def load(self, shape: tuple[int, int], input_ids, positions, meta: AttentionMetadata) -> None:
-        """A step's inputs into the buffers, padded to `shape` at the end (slot -1, empty sequences)."""
+        """Copy a step's inputs into the buffers, padded to `shape` at the end."""
         query_len, batch = shape
         t, n = input_ids.shape[0], meta.num_seqs
         self.input_ids[:t].copy_(input_ids)
@@ -106,15 +77,13 @@ class GraphBuffers:
         self.context_lens[:n].copy_(meta.context_lens)
         self.context_lens[n:batch].zero_()
         self.cu_seqlens[:n + 1].copy_(meta.cu_seqlens_q)
-        self.cu_seqlens[n + 1:batch + 1].fill_(t)  # padding sequences own no tokens
+        self.cu_seqlens[n + 1:batch + 1].fill_(t)  # padding sequences are empty
         self.block_tables[:n, :meta.block_tables.shape[1]].copy_(meta.block_tables)
 
 
 def padded_forward(model, buffers: GraphBuffers, shape: tuple[int, int], build_metadata) -> torch.Tensor:
-    """What a graph of `shape` records: the forward of every row of the buffers, padding included, and the
-    logits [query_len * batch, vocab] (the padding rows' are garbage, never read). The backend's metadata is
-    built inside it, so that what it derives from the buffers (the prefill kernel's offsets) is recomputed
-    at every replay."""
+    """The forward a graph records: logits [query_len * batch, vocab], padding rows included. Metadata is
+    built inside so what it derives from the buffers is recomputed on every replay."""
     query_len, batch = shape
     t = query_len * batch
     hidden = model(buffers.input_ids[:t], buffers.positions[:t], build_metadata(buffers.metadata(query_len, batch)))
@@ -129,10 +98,9 @@ class CUDAGraphs:
         shapes = [(q, b) for q, ladder in self.ladders.items() for b in ladder]
         max_tokens = max(q * b for q, b in shapes)
         self.buffers = GraphBuffers(max_tokens, max_batch, max_blocks_per_seq, block_size, device)
-        # One logits buffer for every graph (each writes its first rows), not one per shape.
         self.logits = torch.empty(max_tokens, model.config.vocab_size, dtype=torch.float32, device=device)
         self.graphs, self._pool = {}, None
-        # Largest first, all in one memory pool: a smaller graph reuses the larger one's memory.
+        # Largest first, so smaller graphs reuse the shared pool's memory.
         for shape in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
             self.graphs[shape] = self._capture(functools.partial(self._forward, model, shape, build_metadata))
 
@@ -140,8 +108,8 @@ class CUDAGraphs:
         self.logits[:shape[0] * shape[1]].copy_(padded_forward(model, self.buffers, shape, build_metadata))
 
     def _capture(self, forward) -> torch.cuda.CUDAGraph:
-        """`forward` recorded as a graph, in the pool every graph shares."""
-        forward()  # outside the capture: Triton compiles its kernels for these shapes now
+        """`forward` recorded as a graph in the shared pool."""
+        forward()  # warm-up: Triton compiles its kernels outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
@@ -150,7 +118,7 @@ class CUDAGraphs:
         return graph
 
     def run(self, shape: tuple[int, int], input_ids, positions, meta: AttentionMetadata) -> torch.Tensor:
-        """Logits [tokens, vocab] of every token of a step that `choose_graph` gave `shape`, by replay."""
+        """Logits [tokens, vocab] of the step, by replay."""
         self.buffers.load(shape, input_ids, positions, meta)
         self.graphs[shape].replay()
         return self.logits[:input_ids.shape[0]]

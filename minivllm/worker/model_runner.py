@@ -1,27 +1,13 @@
-"""The model runner: it owns the model, its KV cache and its CUDA graphs, and runs the steps.
+"""The model runner: owns the model, its KV cache and CUDA graphs, and runs each step.
 
-`execute_model` turns a `SchedulerOutput` into one flat batch: for every scheduled sequence the
-tokens not yet in the cache (a whole prompt, a chunk of one, or the single newest token), their
-positions and the cache slot of each; then it calls the model once for all of them and returns the
-logits of the rows that sample. Decode steps, and verify steps of speculative decoding, replay a CUDA
-graph when one was captured for their shape (`cuda_graphs.py`).
-`sample` picks the next tokens on the device and starts their copy to the host.
+`execute_model` packs a `SchedulerOutput` into one flat batch (tokens, positions, cache slots), runs the
+model once and returns the logits of the sampling rows; decode and verify steps replay a CUDA graph when
+one fits. `sample` picks the next tokens on the device.
 
-Nothing here waits for the GPU, so that the CPU can prepare step n+1 while the GPU runs step n:
-
-- the batch's integers travel in one asynchronous host-to-device copy from pinned memory;
-- block tables live in a persistent host tensor, written incrementally (`BlockTable`);
-- a decode whose input token was sampled by the step still in flight takes that token's id from
-  the GPU tensor the sampler wrote (`_last_sampled`): its value never visits the host first;
-- the sampled ids come back by one copy on a side stream into pinned memory, with an event that
-  only the engine waits for (`SampledTokens.tolist`), once the next step is queued.
-
-With tensor parallelism (`tensor_parallel_size=N`) there is one runner per rank, each with its slice
-of the model and of the KV cache, and the executor (`minivllm.executor`) makes every rank run the same
-method with the same arguments, so that the collectives inside meet. A runner knows nothing of the other
-ranks' processes: the only trace of them here is the batch, which travels as one int64 tensor broadcast
-from rank 0's device to the others' (`execute_batch`), and the KV pool's size, the smallest any rank can
-hold. Only rank 0 samples.
+Steps without draft tokens do not wait for the GPU, so the CPU can prepare step n+1 while step n runs: inputs
+travel in one async copy from pinned memory, a token still being sampled is read from `_last_sampled` on
+the device, and sampled ids come back on a side stream. Verify steps wait: the rejection sampler calls
+`.tolist()`. With tensor parallelism each rank has a runner; rank 0 broadcasts the batch and samples.
 """
 from __future__ import annotations
 
@@ -47,7 +33,7 @@ from .sampler import Sampler, process_logits
 
 
 class SampledTokens:
-    """A step's sampled token ids (and the logprobs asked for, if any) on their way to the host."""
+    """A step's sampled token ids (and logprobs, if requested) being copied to the host."""
 
     def __init__(self, tokens: torch.Tensor, copy_stream, logprobs: StepLogprobs | None = None):
         self._ready, self._logprobs, self._num_rows = None, logprobs, tokens.shape[0]
@@ -56,28 +42,28 @@ class SampledTokens:
             self._host = tensors
             return
         self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
-        copy_stream.wait_stream(torch.cuda.current_stream(tokens.device))  # after the sampler's kernels
+        copy_stream.wait_stream(torch.cuda.current_stream(tokens.device))
         with torch.cuda.stream(copy_stream):
             for host, t in zip(self._host, tensors):
                 host.copy_(t, non_blocking=True)
             self._ready = torch.cuda.Event()
             self._ready.record(copy_stream)
         for t in tensors:
-            t.record_stream(copy_stream)  # the allocator must not reuse them before the copy is done
+            t.record_stream(copy_stream)  # keep the allocator from reusing them mid-copy
 
     def tolist(self) -> list[int]:
-        """The ids, waiting for this copy only (the GPU may already run the next step)."""
+        """The ids, waiting for this copy only."""
         if self._ready is not None:
             self._ready.synchronize()
         return self._host[0].tolist()
 
     def logprobs(self):
-        """After `tolist`: (a dict or None per sampling row, the prompt chunks' dicts), or None if nobody asked."""
+        """After `tolist`: the step's logprobs on the host, or None if none were requested."""
         return self._logprobs.on_host(self._host[1:], self._num_rows) if self._logprobs is not None else None
 
 
 class VerifiedTokens:
-    """A verify step's tokens, already on the host: per sampling sequence, its kept guesses and one more."""
+    """A verify step's tokens, on the host: per sequence, its accepted draft tokens plus one."""
 
     def __init__(self, tokens: list[list[int]], logprobs: StepLogprobs | None = None):
         self._tokens, self._logprobs = tokens, logprobs
@@ -93,7 +79,7 @@ class VerifiedTokens:
 
 @dataclass
 class BatchLayout:
-    """What a rank needs, beside the flat int64 tensor, to cut it back into a step's inputs."""
+    """How to split the flat int64 batch tensor back into a step's inputs."""
     field_sizes: list[int]  # input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, tables
     num_seqs: int
     table_width: int
@@ -101,7 +87,7 @@ class BatchLayout:
     max_context_len: int
     num_decodes: int
     max_decode_context_len: int
-    every_row_samples: bool = False  # the sampled rows are the step's tokens, in order: a graph's logits as they are
+    every_row_samples: bool = False  # sample_index is 0 .. T-1
 
 
 class ModelRunner:
@@ -110,7 +96,7 @@ class ModelRunner:
                  eos_token_ids=()):
         self.model_config = model_config
         self.device = torch.device(device)
-        if self.device.type == "cuda" and tp_size() > 1:  # each rank's streams and graphs on its own GPU
+        if self.device.type == "cuda" and tp_size() > 1:
             torch.cuda.set_device(self.device)
         self.dtype = dtype
         self.max_model_len = max_model_len
@@ -118,37 +104,35 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.gpu_memory_limit_bytes = gpu_memory_limit_bytes
         self.model = build_model(model_config, self.device, dtype, max_model_len, folder, seed, backend)
-        self.attn_backend = self.model.attn_backend  # chosen once, when the model was built
+        self.attn_backend = self.model.attn_backend
         self.sampler = Sampler(self.device, seed, eos_token_ids)
         self.rejection_sampler = RejectionSampler(self.device, self.sampler.generator)
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: CUDAGraphs | None = None
-        self.graph_replays = Counter()  # steps run by a graph, by kind ("decode", "verify"): what tests read
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, bound by initialize_kv_cache
+        self.graph_replays = Counter()  # "decode" / "verify" -> count
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer
         self.use_async_copies = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.use_async_copies else None
-        # The last step's sampled ids, still on the device, and the row of each request in them.
+        # The last step's sampled ids, on the device, and each request's row in them.
         self._last_sampled = torch.zeros(0, dtype=torch.int64, device=self.device)
         self._last_sampled_rows: dict[str, int] = {}
 
-    # ---- set-up (in a tensor-parallel group, every rank runs these) ------------------------
+    # ---- set-up (every rank runs these) ----
     def num_kv_blocks_that_fit(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
-        """KV blocks that fit in the memory granted, after the weights and the largest step's
-        activations (a profiling forward without a cache measures them)."""
+        """KV blocks that fit after the weights and the peak activations of a profiling forward."""
         if self.device.type == "cuda":
-            # The peak must be this engine's own, not that of whatever ran before in the process.
             torch.cuda.reset_peak_memory_stats(self.device)
             self._profile_run(max_num_batched_tokens)
         budget = kv_cache_budget_bytes(self.device, gpu_memory_utilization, self.gpu_memory_limit_bytes)
         num_blocks = budget // kv_bytes_per_token(self.model_config, self.dtype) // self.block_size
-        if tp_size() > 1:  # every rank holds the same blocks (its heads of them): the smallest pool wins
+        if tp_size() > 1:  # all ranks use the smallest pool
             fewest = torch.tensor([num_blocks])
             dist.all_reduce(fewest, op=dist.ReduceOp.MIN, group=cpu_group())
             num_blocks = int(fewest)
         return num_blocks
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate the cache and bind each layer's keys and values to its attention layer."""
+        """Allocate the KV cache and bind it to the attention layers."""
         kv = self.kv_caches = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype,
                                                 self.device)
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
@@ -158,9 +142,8 @@ class ModelRunner:
         return self.device.type == "cuda" and self.attn_backend.supports_cuda_graphs
 
     def capture_cuda_graphs(self, num_speculative_tokens: int = 0) -> None:
-        """Record decode steps as CUDA graphs, and verify steps of k + 1 tokens per sequence when speculating
-        with k guesses (a GPU, and a backend whose kernels allow it)."""
-        self.graphs = None  # a fresh capture (another k) must not hold the old graphs' memory meanwhile
+        """Capture decode steps, and verify steps of k + 1 tokens with k draft tokens, as CUDA graphs."""
+        self.graphs = None  # free the old graphs before capturing
         self.graphs = CUDAGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
                                  self.block_size, self.device, self.attn_backend.build_metadata, num_speculative_tokens)
 
@@ -173,63 +156,59 @@ class ModelRunner:
         hidden = self.model(torch.zeros_like(positions), positions, NoCacheMetadata(cu_seqlens, max(lens)))
         self.model.compute_logits(hidden[cu_seqlens[1:].long() - 1])
 
-    # ---- a step ------------------------------------------------------------------------
+    # ---- a step ----
     def prepare(self, scheduler_output: SchedulerOutput):
-        """The flat batch on the device: (input_ids, positions, metadata, sample_index), where
-        sample_index holds the flat index of the last token of every sequence that samples, then those of
-        the prompt positions whose logprobs are asked (`prompt_logprob_span`)."""
+        """(input_ids, positions, metadata, sample_index) on the device; sample_index lists the sampling
+        rows, then the prompt-logprob rows."""
         return self._unpack(*self.pack(scheduler_output))
 
     def pack(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, BatchLayout]:
-        """The step's integers, worked out on the host, in one int64 tensor on the device."""
+        """The step's inputs, built on the host, as one int64 tensor on the device."""
         self.block_table.release(scheduler_output.released_request_ids)
         self.block_table.truncate(scheduler_output.truncated_block_tables)
         entries = scheduler_output.entries
         rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_positions = [], [], [], [], [], [], []
-        prompt_positions = []  # their logits come after the sampling rows'
+        prompt_positions = []
         for e in entries:
             prompt_positions.extend(p - e.start + len(token_ids) for p in e.prompt_logprob_span)
             rows.append(self.block_table.row_of(e.seq))
             starts.append(e.start)
             lens.append(e.num_tokens)
             tokens = e.seq.token_ids[e.start:e.start + e.num_tokens]
-            if e.draft_token_ids:  # a verify: the last token, then the guesses
+            if e.draft_token_ids:
                 tokens = tokens + e.draft_token_ids
-            if len(tokens) < e.num_tokens:  # a decode of the token the step in flight sampled
-                # (only ever a decode: the scheduler admits no sequence whose token is still in flight)
+            if len(tokens) < e.num_tokens:  # its input token is still being sampled on the device
                 assert e.num_tokens == 1 and e.start == len(e.seq.token_ids)
                 from_gpu_dst.append(len(token_ids))
                 from_gpu_src.append(self._last_sampled_rows[e.seq.request_id])
                 tokens = [0]
             token_ids += tokens
-            if e.samples:  # logits at the last token; a verify's at each guess's position too
+            if e.samples:  # the last token, and for a verify each draft token
                 end = len(token_ids)
                 sample_positions.extend(range(end - 1 - len(e.draft_token_ids), end))
         context_lens = [s + n for s, n in zip(starts, lens)]
         num_decodes = scheduler_output.num_decodes
         max_context_len = max(context_lens)
 
-        # Positions, slots and block tables by a few vectorised ops over the batch, on the host.
         B, T, bs = len(entries), len(token_ids), self.block_size
         starts_t, lens_t = torch.tensor(starts), torch.tensor(lens)
         cu_seqlens = torch.zeros(B + 1, dtype=torch.int64)
         torch.cumsum(lens_t, 0, out=cu_seqlens[1:])
-        owner = torch.repeat_interleave(torch.arange(B), lens_t)           # the sequence of each token
+        owner = torch.repeat_interleave(torch.arange(B), lens_t)           # each token's sequence
         positions = starts_t[owner] + torch.arange(T) - cu_seqlens[owner]
         width = cdiv(max_context_len, bs)
         block_tables = self.block_table.table[torch.tensor(rows), :width]
         slots = block_tables[owner, positions // bs].long() * bs + positions % bs
         sample_index = torch.tensor(sample_positions + prompt_positions, dtype=torch.int64)
 
-        # Everything travels in one asynchronous host-to-device copy (from pinned memory on a GPU), then is
-        # cut into views.
+        # One async host-to-device copy, then views.
         fields = [torch.tensor(token_ids), positions, slots, cu_seqlens, torch.tensor(context_lens), sample_index,
                   torch.tensor(from_gpu_dst, dtype=torch.int64), torch.tensor(from_gpu_src, dtype=torch.int64),
                   block_tables.flatten()]
         host = torch.empty(sum(f.numel() for f in fields), dtype=torch.int64, pin_memory=self.use_async_copies)
         torch.cat([f.to(torch.int64) for f in fields], out=host)
         flat = host.to(self.device, non_blocking=True)
-        # (Known on the host: asking the device whether sample_index is 0..T-1 would make the host wait.)
+        # Computed on the host, since asking the device would sync.
         every_row_samples = sample_positions + prompt_positions == list(range(T))
         layout = BatchLayout([f.numel() for f in fields], B, width, max(lens), max_context_len, num_decodes,
                              max(context_lens[:num_decodes], default=0), every_row_samples)
@@ -251,14 +230,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
-        """Logits [sampling rows (+ prompt-logprob rows), vocab] (float32), on the device, not waited for."""
+        """Logits [sampling rows + prompt-logprob rows, vocab], float32, on the device."""
         flat, layout = self.pack(scheduler_output)
         return self.execute_batch(layout, flat)
 
     @torch.inference_mode()
     def execute_batch(self, layout: BatchLayout, flat: torch.Tensor | None = None) -> torch.Tensor:
-        """The forward of a packed batch. In a tensor-parallel group rank 0 sends its `flat` to the
-        others (which pass None and receive it), so that every rank runs the same step."""
+        """The forward of a packed batch; with tensor parallelism, rank 0 broadcasts `flat` (others pass None)."""
         if tp_size() > 1:
             if flat is None:
                 flat = torch.empty(sum(layout.field_sizes), dtype=torch.int64, device=self.device)
@@ -268,17 +246,15 @@ class ModelRunner:
         if shape is not None:
             self.graph_replays["decode" if shape[0] == 1 else "verify"] += 1
             logits = self.graphs.run(shape, input_ids, positions, meta)
-            # Every row samples in a decode or verify step; not in a draft's catch-up, nor with prompt logprobs.
             return logits if layout.every_row_samples else logits[sample_index]
         hidden = self.model(input_ids, positions, self.attn_backend.build_metadata(meta))
         return self.model.compute_logits(hidden[sample_index])
 
     def _in_flight_tokens(self, seqs, processed: list[int]) -> torch.Tensor | None:
-        """[B] the token each processed row's sequence sampled in the step still in flight (-1: none), on the
-        device, for the penalties that count the answer's tokens; None when there is none."""
+        """[B] each processed row's token still being sampled (-1: none), for the penalties; None if none."""
         src = [-1] * len(seqs)
         for i in processed:
-            if seqs[i].num_output_placeholders > 1:  # this step's placeholder, and the one before it
+            if seqs[i].num_output_placeholders > 1:  # this step's placeholder and the previous one
                 src[i] = self._last_sampled_rows.get(seqs[i].request_id, -1)
         if max(src, default=-1) < 0:
             return None
@@ -288,19 +264,16 @@ class ModelRunner:
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, scheduler_output: SchedulerOutput, draft_probs: torch.Tensor | None = None,
                grammar_bitmask: GrammarBitmask | None = None) -> SampledTokens | VerifiedTokens:
-        """The next token of every sampling sequence, picked on the device; its copy to the host starts.
-        A step that verifies guesses goes through the rejection sampler instead (`draft_probs`: the draft
-        model's distributions, [sampling sequences, k, vocab]; None for sure guesses such as n-grams).
-        `grammar_bitmask`: structured outputs, the tokens each constrained row's grammar allows (None: no row)."""
+        """The next token of every sampling sequence. Verify steps use the rejection sampler
+        (`draft_probs` [sampling sequences, k, vocab], None for n-gram draft tokens)."""
         seqs = scheduler_output.sampled_seqs
         drafts = scheduler_output.sampled_drafts
         num_rows = sum(len(d) + 1 for d in drafts)
-        logits, prompt_logits = logits[:num_rows], logits[num_rows:]  # raw: what logprobs read
+        logits, prompt_logits = logits[:num_rows], logits[num_rows:]
         processed = [i for i, s in enumerate(seqs) if s.params.processes_logits]
         if any(drafts):
-            self._last_sampled_rows = {}  # (no overlap while speculating: nothing reads them)
-            # Rows that process their logits, follow a grammar or ask for logprobs get no guesses (the scheduler's
-            # rule): one row each here.
+            self._last_sampled_rows = {}
+            # The scheduler gives no draft tokens to rows with logits processing, a grammar or logprobs.
             first_rows = list(itertools.accumulate((len(d) + 1 for d in drafts[:-1]), initial=0))
             raw = logits
             if grammar_bitmask is not None:
@@ -322,8 +295,8 @@ class ModelRunner:
 
     def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, prompt_logits: torch.Tensor,
                   scheduler_output: SchedulerOutput) -> StepLogprobs | None:
-        """The logprobs the step's requests ask for (None: nobody does). logits [sampling sequences, V] and
-        their chosen tokens; prompt_logits: one row per position of the prefill chunks' prompt_logprob_span."""
+        """The requested logprobs (None if none): logits [sampling sequences, V] with their sampled tokens,
+        and prompt_logits, one row per prompt-logprob position."""
         sampled = [(i, s.params.logprobs) for i, s in enumerate(scheduler_output.sampled_seqs)
                    if s.params.logprobs is not None]
         prompt = [(e.seq, e.prompt_logprob_span.start, e.seq.params.prompt_logprobs, len(e.prompt_logprob_span))
@@ -332,7 +305,6 @@ class ModelRunner:
             return None
         rows = [i for i, _ in sampled]
         targets = [t for seq, first, _, count in prompt for t in seq.prompt_token_ids[first + 1:first + 1 + count]]
-        # The next prompt tokens are known on the host: one small copy (pinned on a GPU: it does not block).
         targets = torch.tensor(targets, dtype=torch.int64, pin_memory=self.use_async_copies)
         k = max([n for _, n in sampled] + [n for _, _, n, _ in prompt])
         tensors = compute_logprobs(torch.cat([logits[rows], prompt_logits]),

@@ -1,13 +1,8 @@
 """The sampler: next tokens for a whole batch at once, on the device.
 
-Greedy, temperature, top-k, top-p and min-p are tensor operations over `[batch, vocab]`, with
-one value per row, so a batch mixing greedy and sampled requests costs one pass. Before them, the
-rows of requests that ask for it get their logits processed (`process_logits`: presence, frequency
-and repetition penalties, logit bias, min_tokens), batched on the device too; a batch where nobody
-asks skips it.
-Sampling uses the "exponential race": `argmax(p / E)` with `E ~ Exponential(1)` draws a
-token with probability `p` (the Gumbel-max trick in another form). A request with a seed
-draws its `E` from its own generator, so its tokens do not depend on its batch-mates.
+Logits processing (penalties, bias, min_tokens), temperature, top-k, top-p and min-p are batched tensor
+ops with one value per row. Sampling uses the exponential race `argmax(p / E)`, `E ~ Exponential(1)`
+(a form of the Gumbel-max trick); seeded requests draw `E` from their own generator.
 """
 from __future__ import annotations
 
@@ -22,21 +17,19 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     sorted_logits = sorted_logits.masked_fill(rank[None, :] >= k[:, None], float("-inf"))
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
-    # A token is kept while the mass of the more likely tokens has not reached top_p yet;
-    # the most likely token is therefore always kept.
+    # Keep a token while the mass before it is below top_p (so the top token is always kept).
     sorted_logits = sorted_logits.masked_fill(mass_before >= top_p[:, None], float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
 def process_logits(logits: torch.Tensor, seqs, rows: list[int], eos_token_ids,
                    in_flight: torch.Tensor | None = None) -> torch.Tensor:
-    """`rows` (those whose requests ask for penalties, a bias or min_tokens) processed: a new tensor, the other
-    rows as they were. `in_flight` [B]: the token each row's sequence sampled in the step still on the device
-    (-1 for none), which already belongs to its answer. One host-to-device copy of flat indices."""
+    """A new logits tensor with `rows` processed (penalties, bias, min_tokens). `in_flight` [B]: each row's
+    output token still being sampled on the device (-1: none)."""
     device, V = logits.device, logits.shape[-1]
     R = len(rows)
     params = [seqs[b].params for b in rows]
-    # Flat (row, token) pairs: the answers' tokens, the prompts' tokens, the biases, the banned stops.
+    # Flat (row, token) pairs for output tokens, prompt tokens, biases and banned stop tokens.
     out_r, out_t, prompt_r, prompt_t, bias_r, bias_t, bias_v, ban_r, ban_t = ([] for _ in range(9))
     for r, (b, p) in enumerate(zip(rows, params)):
         seq = seqs[b]
@@ -49,7 +42,7 @@ def process_logits(logits: torch.Tensor, seqs, rows: list[int], eos_token_ids,
         for token, value in (p.logit_bias or {}).items():
             bias_r.append(r), bias_t.append(token), bias_v.append(value)
         in_flight_count = max(seq.num_output_placeholders - 1, 0)
-        if seq.num_output_tokens + in_flight_count < p.min_tokens:  # no end yet
+        if seq.num_output_tokens + in_flight_count < p.min_tokens:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
             ban_r += [r] * len(stops)
             ban_t += sorted(stops)
@@ -63,7 +56,7 @@ def process_logits(logits: torch.Tensor, seqs, rows: list[int], eos_token_ids,
     presence, frequency, repetition = per_row.unbind(1)
     counts = torch.zeros(R, V, device=device)
     counts.index_put_((out_r, out_t), torch.ones_like(out_r, dtype=counts.dtype), accumulate=True)
-    if in_flight is not None:  # (a scatter, not a mask: a mask's size would make the host wait for the GPU)
+    if in_flight is not None:  # a scatter, since a boolean mask would sync
         token = in_flight[rows]
         counts.scatter_add_(1, token.clamp(min=0)[:, None], (token >= 0).to(counts.dtype)[:, None])
     seen = counts > 0
@@ -80,17 +73,14 @@ def process_logits(logits: torch.Tensor, seqs, rows: list[int], eos_token_ids,
 
 def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
                    min_p: torch.Tensor | None = None, filter_top: bool = True) -> torch.Tensor:
-    """[R, V] logits -> [R, V] the distribution each row draws from: one-hot on the argmax for temperature 0
-    (greedy), else the softmax of the temperature-scaled logits after top-k, top-p and min-p. The sampler
-    draws from it; the rejection sampler of speculative decoding checks guesses against it. `filter_top=False`
-    skips the sort when the caller knows (from the host-side params: asking the device would cost a
-    synchronisation) that no row uses top-k or top-p."""
+    """[R, V] logits -> [R, V] each row's sampling distribution: one-hot on the argmax when greedy, else the
+    softmax after temperature, top-k, top-p and min-p. `filter_top=False` skips top-k/top-p."""
     greedy = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
-    logits = logits / temperature.clamp_min(1e-5)[:, None]  # greedy rows are replaced below
+    logits = logits / temperature.clamp_min(1e-5)[:, None]
     if filter_top:
         logits = apply_top_k_top_p(logits, top_k, top_p)
     probs = logits.softmax(dim=-1)
-    if min_p is not None:  # drop tokens less likely than min_p times the most likely one
+    if min_p is not None:
         probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return torch.where((temperature == 0)[:, None], greedy, probs)
@@ -99,34 +89,31 @@ def sampling_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            generators: list, default_generator: torch.Generator | None = None,
            filter_top: bool = True, min_p: torch.Tensor | None = None) -> torch.Tensor:
-    """logits [B, V] float32; per-row temperature/top_k/top_p (and min_p) [B]; generators: one per row or
-    None. Returns the next token of each row, [B] int64."""
+    """logits [B, V]; per-row params [B]; one generator or None per row. Returns [B] int64 tokens."""
     probs = sampling_probs(logits, temperature, top_k, top_p, min_p, filter_top)
     race = torch.empty_like(probs).exponential_(generator=default_generator)
     for row, generator in enumerate(generators):
         if generator is not None:
             race[row].exponential_(generator=generator)
-    return (probs / race).argmax(dim=-1)  # a greedy row's one-hot picks its argmax whatever the race
+    return (probs / race).argmax(dim=-1)
 
 
 class Sampler:
-    """Builds the per-row parameter tensors from the sequences, then calls `sample`."""
+    """Builds the per-row parameter tensors from the sequences and calls `sample`."""
 
     def __init__(self, device, seed: int = 0, eos_token_ids=()):
         self.device = torch.device(device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.eos_token_ids = tuple(eos_token_ids)  # what min_tokens holds back (with each request's stop ids)
+        self.eos_token_ids = tuple(eos_token_ids)  # banned before min_tokens
 
     def __call__(self, logits: torch.Tensor, seqs, processed_rows: list[int] = (),
                  in_flight: torch.Tensor | None = None) -> torch.Tensor:
-        """`processed_rows`: the rows whose requests process their logits (found by the caller, in its one
-        pass over the batch)."""
+        """`processed_rows`: rows whose requests need logits processing."""
         if processed_rows:
             logits = process_logits(logits, seqs, processed_rows, self.eos_token_ids, in_flight)
         params = [s.params for s in seqs]
-        if all(p.greedy for p in params):  # no per-row tensors to send to the device
+        if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
-        # The per-row parameters travel in one copy (pinned on a GPU, so it does not block).
         host = torch.tensor([[p.temperature, p.top_k, p.top_p, p.min_p] for p in params], dtype=torch.float32,
                             pin_memory=self.device.type == "cuda")
         temperature, top_k, top_p, min_p = host.to(self.device, non_blocking=True).unbind(1)
