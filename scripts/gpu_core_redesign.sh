@@ -26,19 +26,20 @@ case "$1" in
       export PYTHONPATH=$(tree_path $tree)${SITE_PATH:+:$SITE_PATH}
       python3 -c "import sys; from minivllm_lab.bench.word_model import write_word_model; from minivllm.models.presets import MISTRAL_7B_CONFIG; write_word_model(sys.argv[1], MISTRAL_7B_CONFIG)" "$FOLDER"
       python3 "$ROOT/scripts/serve_overhead.py" --out "$OUT/w3_offline_$tree.json" 2>&1 | tee "$OUT/w3_offline_$tree.log"
-      python3 -m minivllm serve "$FOLDER" --load-format dummy --max-model-len 4096 --served-model-name w3-model \
-        --host 127.0.0.1 --port $PORT --log-level warning > "$OUT/server_$tree.log" 2>&1 &
-      server=$!
-      for i in $(seq 300); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break
-        kill -0 $server 2>/dev/null || { echo "the server exited:"; tail -20 "$OUT/server_$tree.log"; exit 1; }; sleep 1; done
-      for endpoint in completions chat; do
+      for endpoint in completions chat; do  # a fresh server each: the second would find the first's prompts cached
+        python3 -m minivllm serve "$FOLDER" --load-format dummy --max-model-len 4096 --served-model-name w3-model \
+          --host 127.0.0.1 --port $PORT --log-level warning > "$OUT/server_${tree}_$endpoint.log" 2>&1 &
+        server=$!
+        for i in $(seq 300); do curl -sf http://127.0.0.1:$PORT/health >/dev/null && break
+          kill -0 $server 2>/dev/null || { echo "the server exited:"; tail -20 "$OUT/server_${tree}_$endpoint.log"; exit 1; }
+          sleep 1; done
         python3 -m minivllm_lab.bench.serve --base-url http://127.0.0.1:$PORT --endpoint $endpoint --request-rate inf \
           --num-prompts 1000 --num-clients 4 --vocab-size 32000 --timeout 600 --hardware "$HW" \
           --label "minivllm $tree ($endpoint)" --out "$OUT/w3_served_${tree}_$endpoint.json" 2>&1 \
           | tee "$OUT/w3_served_${tree}_$endpoint.log"
+        kill -INT $server; for i in $(seq 20); do kill -0 $server 2>/dev/null || break; sleep 1; done
+        kill -9 $server 2>/dev/null; wait $server 2>/dev/null
       done
-      kill -INT $server; for i in $(seq 20); do kill -0 $server 2>/dev/null || break; sleep 1; done
-      kill -9 $server 2>/dev/null; wait $server 2>/dev/null
       bundle
     done ;;
   *) echo "usage: bash scripts/gpu_core_redesign.sh offline|served"; exit 2 ;;

@@ -98,13 +98,13 @@ class LLMEngine:
         return self.scheduler.blocks
 
     @property
-    def requests(self) -> dict[str, RequestState]:
-        """Live requests by id."""
-        return self.output_processor.requests
+    def requests(self) -> dict:
+        """The core's live requests by id (`Sequence`s; n > 1: one per completion)."""
+        return self.engine_core.requests
 
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt, sampling_params: SamplingParams | None = None) -> None:
-        if request_id in self.requests:
+        if request_id in self.output_processor.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         text, token_ids, params = self.input_processor.process(prompt, sampling_params)
         if params.n > self.scheduler.max_num_seqs:
@@ -120,7 +120,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """End a request wherever it is; its blocks come back. Returns its last output (finish_reason
         "abort"), or None for an unknown or finished id."""
-        state = self.requests.get(request_id)
+        state = self.output_processor.requests.get(request_id)
         if state is None:
             return None
         self.engine_core.abort_requests(self.output_processor.core_ids(state))

@@ -201,7 +201,7 @@ class ModelRunner:
         slots = block_tables[owner, positions // bs].long() * bs + positions % bs
         sample_index = torch.tensor(sample_positions + prompt_positions, dtype=torch.int64)
 
-        # One async host-to-device copy, then views.
+        # All of it in one host-to-device copy (asynchronous from pinned memory), then views.
         fields = [torch.tensor(token_ids), positions, slots, cu_seqlens, torch.tensor(context_lens), sample_index,
                   torch.tensor(from_gpu_dst, dtype=torch.int64), torch.tensor(from_gpu_src, dtype=torch.int64),
                   block_tables.flatten()]
