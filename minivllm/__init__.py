@@ -7,7 +7,8 @@
 from .engine.async_llm import AsyncLLM
 from .llm import LLM
 from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams, StructuredOutputsParams
+from .sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StructuredOutputsParams"]
+__all__ = ["LLM", "AsyncLLM", "SamplingParams", "RequestOutput", "CompletionOutput", "StructuredOutputsParams",
+           "RequestOutputKind"]
 __version__ = "0.1.0"

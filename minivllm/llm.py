@@ -9,11 +9,13 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 from .chat import encode_chat
 from .config import engine_config
 from .engine.llm_engine import LLMEngine
 from .outputs import RequestOutput
-from .sampling_params import SamplingParams
+from .sampling_params import RequestOutputKind, SamplingParams
 from .utils import progress
 
 
@@ -40,9 +42,14 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
         engine = self.llm_engine
+        final_only = {}  # only each request's last output is wanted: no output is built before it (as vLLM)
         ids = []
         try:
             for prompt, params in zip(prompts, sampling_params):
+                if isinstance(params, SamplingParams):
+                    if id(params) not in final_only:
+                        final_only[id(params)] = dataclasses.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+                    params = final_only[id(params)]
                 ids.append(str(self._next_id))
                 self._next_id += 1
                 engine.add_request(ids[-1], prompt, params)

@@ -5,6 +5,7 @@ int64 so requests can cross processes as msgpack.
 """
 from __future__ import annotations
 
+import enum
 import math
 import reprlib
 from dataclasses import dataclass
@@ -15,6 +16,13 @@ INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1   # msgpack's int64 and torch's manual_seed
 MAX_N = 256                                # the engine's max_num_seqs is the real bound
 MAX_LOGPROBS = 20                          # vLLM's default max_logprobs
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each output of a request holds (vLLM's names)."""
+    CUMULATIVE = 0   # everything so far
+    DELTA = 1        # only what is new since the request's last output
+    FINAL_ONLY = 2   # one output, when the request finishes
 
 
 @dataclass
@@ -39,6 +47,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     n: int = 1                    # with a seed, completion i samples with seed + i
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self):
         _check_real("temperature", self.temperature)
@@ -84,6 +93,8 @@ class SamplingParams:
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, "
                              f"got {_show(self.structured_outputs)}")
         _check_int("n", self.n, 1, MAX_N)
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {_show(self.output_kind)}")
         for name in ("logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 0, MAX_LOGPROBS)

@@ -9,7 +9,8 @@
 
 When the pool runs dry, the newest running sequence is preempted: its blocks are freed and it goes
 back to the front of the queue, to be recomputed later. `continuous=False` is static batching.
-Speculative decoding: a decode may carry `num_lookahead_tokens` slots for draft tokens (a *verify*).
+Speculative decoding enters through one seam, `spec_decode` (`minivllm.spec_decode.DraftSlots`): a decode
+may carry slots for draft tokens (a *verify* entry) that the proposer fills after `schedule`.
 """
 from __future__ import annotations
 
@@ -77,8 +78,7 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, eos_token_ids=(), enable_chunked_prefill: bool = True,
-                 sliding_window: int | None = None, continuous: bool = True, num_lookahead_tokens: int = 0,
-                 spec_disable_by_batch_size: int | None = None, spec_adaptive: bool = False):
+                 sliding_window: int | None = None, continuous: bool = True, spec_decode=None):
         self.blocks = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -87,9 +87,7 @@ class Scheduler:
         self.chunked = enable_chunked_prefill
         self.sliding_window = sliding_window
         self.continuous = continuous
-        self.num_lookahead_tokens = num_lookahead_tokens
-        self.spec_disable_by_batch_size = spec_disable_by_batch_size
-        self.spec_adaptive = spec_adaptive
+        self.spec_decode = spec_decode  # how many draft tokens a decode may carry (None: no speculation)
         self.requests: dict[str, Sequence] = {}    # every live request, waiting or running
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in admission order: the newest is preempted first
@@ -98,9 +96,6 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_prefix_cache_hit_tokens = 0
         self.num_generation_tokens = 0  # tokens sampled and kept, whether or not anyone reads them
-        self.num_drafts = 0             # verify entries that carried at least one draft token
-        self.num_draft_tokens = 0
-        self.num_accepted_tokens = 0
 
     def add(self, seq: Sequence) -> None:
         self.requests[seq.request_id] = seq
@@ -118,9 +113,10 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING or budget == 0 or not self._may_decode(seq):
                 continue  # preempted a moment ago to make room for an older sequence, or done
             self._release_outside_window(seq)
-            lookahead = self._lookahead(seq, budget - 1)
-            if lookahead and self.blocks.can_allocate(seq, seq.num_computed_tokens + 1 + lookahead):
-                budget -= self._schedule_verify(out.verifies, seq, lookahead)
+            k = self.spec_decode.num_draft_slots(seq, len(self.running), budget - 1, self.max_model_len) \
+                if self.spec_decode is not None else 0
+            if k and self.blocks.can_allocate(seq, seq.num_computed_tokens + 1 + k):
+                budget -= self._schedule(out.verifies, seq, 1, num_draft_slots=k)
             elif self._make_room(seq):
                 budget -= self._schedule(out.decodes, seq, 1)
         for seq in [s for s in self.running if s.num_uncomputed_tokens > 1]:    # 2. prefill chunks
@@ -155,11 +151,12 @@ class Scheduler:
     def _on_sample_returned(self, seq: Sequence) -> None:
         pass
 
-    def _schedule(self, entries: list[ScheduledSequence], seq: Sequence, n: int) -> int:
-        """Put n tokens of `seq` in the step, with their KV slots; they count as computed from now on."""
+    def _schedule(self, entries: list[ScheduledSequence], seq: Sequence, n: int, num_draft_slots: int = 0) -> int:
+        """Put n tokens of `seq` in the step, with their KV slots; they count as computed from now on. A verify
+        entry also gets slots for its draft tokens, which count only once accepted (`_append`)."""
         if n > 0:
             start = seq.num_computed_tokens
-            self.blocks.allocate(seq, start + n)
+            self.blocks.allocate(seq, start + n + num_draft_slots)
             seq.num_computed_tokens += n
             # Name the blocks this step fills now, as vLLM does: a request admitted while the step is in
             # flight may share them, since any step that reads them runs on the GPU after this one.
@@ -170,33 +167,9 @@ class Scheduler:
             span = range(0)
             if seq.params.prompt_logprobs is not None:  # position p gives the logprobs of prompt token p + 1
                 span = range(start, max(start, min(start + n, seq.num_prompt_tokens - 1)))
-            entries.append(ScheduledSequence(seq, start, n, samples, prompt_logprob_span=span))
-        return n
-
-    def _lookahead(self, seq: Sequence, budget: int) -> int:
-        """How many draft tokens `seq` may carry this step (0: a plain decode)."""
-        if not self.num_lookahead_tokens or (self.spec_disable_by_batch_size is not None
-                                             and len(self.running) >= self.spec_disable_by_batch_size):
-            return 0
-        params = seq.params
-        if params.processes_logits or seq.grammar is not None or params.logprobs is not None:
-            return 0  # these change with every token kept, or need one row per sequence
-        k = self.num_lookahead_tokens
-        if self.spec_adaptive and seq.recent_accepted is not None:  # one more than it has been accepting
-            k = min(k, 1 + int(seq.recent_accepted + 0.5))
-        room = min(params.max_tokens - seq.num_output_tokens, self.max_model_len - len(seq)) - 1
-        return max(0, min(k, room, budget))
-
-    def _schedule_verify(self, entries: list[ScheduledSequence], seq: Sequence, lookahead: int) -> int:
-        """The sequence's last token and slots for `lookahead` draft tokens; only the real token counts as
-        computed (the others' slots are given back after the step if rejected)."""
-        start = seq.num_computed_tokens
-        self.blocks.allocate(seq, start + 1 + lookahead)
-        seq.num_computed_tokens += 1
-        self.blocks.cache_full_blocks(seq)
-        self._on_sample_scheduled(seq)
-        entries.append(ScheduledSequence(seq, start, 1 + lookahead, True, verify=True))
-        return 1 + lookahead
+            entries.append(ScheduledSequence(seq, start, n + num_draft_slots, samples, verify=num_draft_slots > 0,
+                                             prompt_logprob_span=span))
+        return n + num_draft_slots
 
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """How many of the sequence's uncomputed tokens fit in the budget and the free blocks now."""
@@ -281,11 +254,7 @@ class Scheduler:
         """One sequence's tokens from the step, up to a stop condition; returns those appended."""
         if entry.draft_token_ids:
             accepted = len(new_tokens) - 1
-            self.num_drafts += 1
-            self.num_draft_tokens += len(entry.draft_token_ids)
-            self.num_accepted_tokens += accepted
-            # For adaptive drafting: an average over the last few steps (half the weight on this one).
-            seq.recent_accepted = accepted if seq.recent_accepted is None else (seq.recent_accepted + accepted) / 2
+            self.spec_decode.on_verified(seq, len(entry.draft_token_ids), accepted)
             seq.num_computed_tokens += accepted  # accepted draft tokens were computed from the right tokens
         appended = []
         for token in new_tokens:

@@ -36,7 +36,7 @@ from ..distributed.parallel_state import check_divisible, tp_size
 from ..executor import Executor, make_executor
 from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import EngineCoreOutput
-from ..spec_decode import DraftModelProposer, make_proposer
+from ..spec_decode import DraftModelProposer, DraftSlots, make_proposer
 from ..structured_output import StructuredOutputManager
 from ..worker.kv_cache import kv_bytes_per_token
 from ..worker.model_runner import SampledTokens
@@ -135,9 +135,8 @@ class EngineCore:
                                     max_num_batched_tokens, max_model_len, eos_token_ids,
                                     config.enable_chunked_prefill, cfg.sliding_window,
                                     continuous=config.enable_continuous_batching,
-                                    num_lookahead_tokens=config.num_speculative_tokens,
-                                    spec_disable_by_batch_size=spec.disable_by_batch_size if spec else None,
-                                    spec_adaptive=spec.adaptive if spec else False)
+                                    spec_decode=DraftSlots(config.num_speculative_tokens, spec.disable_by_batch_size,
+                                                           spec.adaptive) if spec else None)
         input_processor = InputProcessor(None, cfg.vocab_size, max_model_len, block_size, num_blocks,
                                          max_num_batched_tokens, cfg.sliding_window)
         # Grammars need the tokenizer's vocabulary: loaded on the first request that asks for one.
@@ -231,6 +230,7 @@ class EngineCore:
 
     def get_stats(self) -> dict:
         scheduler, blocks = self.scheduler, self.scheduler.blocks
+        spec = scheduler.spec_decode
         return {
             "num_total_blocks": blocks.num_total_blocks,
             "num_free_blocks": blocks.num_free_blocks,   # cached-but-unused blocks count as free
@@ -239,9 +239,9 @@ class EngineCore:
             "num_preemptions": scheduler.num_preemptions,
             "num_prefix_cache_hit_tokens": scheduler.num_prefix_cache_hit_tokens,
             "num_generation_tokens": scheduler.num_generation_tokens,
-            "num_drafts": scheduler.num_drafts,
-            "num_draft_tokens": scheduler.num_draft_tokens,
-            "num_accepted_tokens": scheduler.num_accepted_tokens,
+            "num_drafts": spec.num_drafts if spec else 0,
+            "num_draft_tokens": spec.num_draft_tokens if spec else 0,
+            "num_accepted_tokens": spec.num_accepted_tokens if spec else 0,
         }
 
     def shutdown(self) -> None:

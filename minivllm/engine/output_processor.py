@@ -15,7 +15,7 @@ import time
 
 from ..core.detokenizer import IncrementalDetokenizer
 from ..outputs import CompletionOutput, EngineCoreOutput, Logprob, LogprobArrays, RequestMetrics, RequestOutput
-from ..sampling_params import SamplingParams
+from ..sampling_params import RequestOutputKind, SamplingParams
 from .core_messages import EngineCoreRequest
 
 
@@ -52,10 +52,12 @@ class CompletionState:
     def snapshot(self) -> tuple:
         return len(self.token_ids), len(self.text), self.finish_reason
 
-    def output(self, snapshot) -> CompletionOutput:
-        num_tokens, text_len, finish_reason = snapshot
-        logprobs = self.logprobs[:num_tokens] if self.logprobs is not None else None
-        return CompletionOutput(self.index, self.text[:text_len], self.token_ids[:num_tokens], finish_reason, logprobs)
+    def output(self, snapshot, since=(0, 0, None)) -> CompletionOutput:
+        """The completion as of `snapshot`; only what came after `since` (an earlier snapshot) for DELTA."""
+        (num_tokens, text_len, finish_reason), (first, start, _) = snapshot, since
+        logprobs = self.logprobs[first:num_tokens] if self.logprobs is not None else None
+        return CompletionOutput(self.index, self.text[start:text_len], self.token_ids[first:num_tokens], finish_reason,
+                                logprobs)
 
 
 class RequestState:
@@ -68,6 +70,7 @@ class RequestState:
         self.completions = [CompletionState(i, c, prompt_token_ids, params, tokenizer) for i, c in enumerate(core_ids)]
         self.prompt_logprobs: list[dict | None] | None = [None] if params.prompt_logprobs is not None else None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter())
+        self.sent = None  # the snapshot of the last output made (DELTA outputs start after it)
         self.loop = loop
         self.stream = RequestStream(self) if loop is not None else None
 
@@ -90,8 +93,14 @@ class RequestState:
         return tuple(c.snapshot() for c in self.completions)
 
     def output(self, snapshot) -> RequestOutput:
-        completions = [c.output(s) for c, s in zip(self.completions, snapshot)]
+        """The request's output as of `snapshot` (for DELTA, what is new since the last output made)."""
+        delta = self.params.output_kind == RequestOutputKind.DELTA
+        since = self.sent if delta and self.sent is not None else [(0, 0, None)] * len(snapshot)
+        completions = [c.output(s, f) for c, s, f in zip(self.completions, snapshot, since)]
         prompt_logprobs = list(self.prompt_logprobs) if self.prompt_logprobs is not None else None
+        if delta and self.sent is not None:
+            prompt_logprobs = None  # given with the first output
+        self.sent = snapshot
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, completions,
                              all(c.finish_reason is not None for c in completions), self.metrics, prompt_logprobs)
 
@@ -110,8 +119,10 @@ class RequestStream:
         self.finished = False
         self.on_close = None   # set by AsyncLLM: what closing early does (abort the request)
 
-    def put(self, item) -> None:
-        """A snapshot or an exception; called on the event loop's thread."""
+    def put(self, item, finished: bool = True) -> None:
+        """A snapshot (`finished`: the request's last) or an exception; called on the event loop's thread."""
+        if not finished and self.state.params.output_kind == RequestOutputKind.FINAL_ONLY:
+            return
         self._pending.append(item)
         self._ready.set()
 
@@ -201,8 +212,9 @@ class OutputProcessor:
                 state.metrics.finished_time = now
                 self.remove(state)
             if state.stream is not None:
-                state.stream.put(state.snapshot())
-            elif state.finished or any(c.token_ids for c in state.completions):
+                state.stream.put(state.snapshot(), state.finished)
+            elif state.finished or (any(c.token_ids for c in state.completions)
+                                    and state.params.output_kind != RequestOutputKind.FINAL_ONLY):
                 request_outputs.append(state.output(state.snapshot()))
         return request_outputs, to_abort
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..config import SpeculativeConfig
 from .draft_model import DraftModelProposer
+from .draft_slots import DraftSlots
 from .ngram_proposer import NgramProposer
 
 
@@ -17,4 +18,4 @@ def make_proposer(config: SpeculativeConfig, target_runner_args: dict) -> NgramP
     return DraftModelProposer.build(config.model, target_runner_args)
 
 
-__all__ = ["NgramProposer", "DraftModelProposer", "make_proposer"]
+__all__ = ["DraftModelProposer", "DraftSlots", "NgramProposer", "make_proposer"]
