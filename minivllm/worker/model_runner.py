@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -77,10 +78,15 @@ class VerifiedTokens:
         return self._logprobs.on_host([t.cpu() for t in self._logprobs.tensors], len(self._tokens))
 
 
+# A step's integers, in the order they sit in the one flat int64 tensor that travels to the device.
+BATCH_FIELDS = ("input_ids", "positions", "slot_mapping", "cu_seqlens", "context_lens", "sample_index",
+                "from_device_dst", "from_device_src", "block_tables")
+
+
 @dataclass
 class BatchLayout:
-    """How to split the flat int64 batch tensor back into a step's inputs."""
-    field_sizes: list[int]  # input_ids, positions, slots, cu_seqlens, context_lens, sample_index, dst, src, tables
+    """How to cut the flat int64 batch tensor back into a step's inputs."""
+    field_sizes: dict[str, int]  # BATCH_FIELDS, in order
     num_seqs: int
     table_width: int
     max_query_len: int
@@ -88,6 +94,17 @@ class BatchLayout:
     num_decodes: int
     max_decode_context_len: int
     every_row_samples: bool = False  # sample_index is 0 .. T-1
+
+    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        return dict(zip(self.field_sizes, flat.split(list(self.field_sizes.values()))))
+
+
+class InputBatch(NamedTuple):
+    """One step's inputs on the device."""
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    metadata: AttentionMetadata
+    sample_index: torch.Tensor  # rows whose logits are kept: the sampling rows, then the prompt-logprob rows
 
 
 class ModelRunner:
@@ -157,9 +174,8 @@ class ModelRunner:
         self.model.compute_logits(hidden[cu_seqlens[1:].long() - 1])
 
     # ---- a step ----
-    def prepare(self, scheduler_output: SchedulerOutput):
-        """(input_ids, positions, metadata, sample_index) on the device; sample_index lists the sampling
-        rows, then the prompt-logprob rows."""
+    def prepare(self, scheduler_output: SchedulerOutput) -> InputBatch:
+        """The step's inputs on the device."""
         return self._unpack(*self.pack(scheduler_output))
 
     def pack(self, scheduler_output: SchedulerOutput) -> tuple[torch.Tensor, BatchLayout]:
@@ -202,31 +218,31 @@ class ModelRunner:
         sample_index = torch.tensor(sample_positions + prompt_positions, dtype=torch.int64)
 
         # All of it in one host-to-device copy (asynchronous from pinned memory), then views.
-        fields = [torch.tensor(token_ids), positions, slots, cu_seqlens, torch.tensor(context_lens), sample_index,
-                  torch.tensor(from_gpu_dst, dtype=torch.int64), torch.tensor(from_gpu_src, dtype=torch.int64),
-                  block_tables.flatten()]
-        host = torch.empty(sum(f.numel() for f in fields), dtype=torch.int64, pin_memory=self.use_async_copies)
-        torch.cat([f.to(torch.int64) for f in fields], out=host)
+        fields = dict(zip(BATCH_FIELDS, (
+            torch.tensor(token_ids), positions, slots, cu_seqlens, torch.tensor(context_lens), sample_index,
+            torch.tensor(from_gpu_dst, dtype=torch.int64), torch.tensor(from_gpu_src, dtype=torch.int64),
+            block_tables.flatten())))
+        host = torch.empty(sum(f.numel() for f in fields.values()), dtype=torch.int64, pin_memory=self.use_async_copies)
+        torch.cat([f.to(torch.int64) for f in fields.values()], out=host)
         flat = host.to(self.device, non_blocking=True)
         # Computed on the host, since asking the device would sync.
         every_row_samples = sample_positions + prompt_positions == list(range(T))
-        layout = BatchLayout([f.numel() for f in fields], B, width, max(lens), max_context_len, num_decodes,
-                             max(context_lens[:num_decodes], default=0), every_row_samples)
+        layout = BatchLayout({name: f.numel() for name, f in fields.items()}, B, width, max(lens), max_context_len,
+                             num_decodes, max(context_lens[:num_decodes], default=0), every_row_samples)
         if from_gpu_dst:
-            input_ids, _, _, _, _, _, dst, src, *_ = flat.split(layout.field_sizes)
-            input_ids[dst] = self._last_sampled[src]
+            views = layout.split(flat)
+            views["input_ids"][views["from_device_dst"]] = self._last_sampled[views["from_device_src"]]
         return flat, layout
 
-    def _unpack(self, flat: torch.Tensor, layout: BatchLayout):
-        input_ids, positions, slots, cu_seqlens, context_lens, sample_index, _, _, block_tables = flat.split(
-            layout.field_sizes)
+    def _unpack(self, flat: torch.Tensor, layout: BatchLayout) -> InputBatch:
+        v = layout.split(flat)
         meta = AttentionMetadata(
-            cu_seqlens_q=cu_seqlens.int(), context_lens=context_lens.int(), slot_mapping=slots,
-            block_tables=block_tables.view(layout.num_seqs, layout.table_width).int(),
+            cu_seqlens_q=v["cu_seqlens"].int(), context_lens=v["context_lens"].int(), slot_mapping=v["slot_mapping"],
+            block_tables=v["block_tables"].view(layout.num_seqs, layout.table_width).int(),
             block_size=self.block_size, max_query_len=layout.max_query_len,
             max_context_len=layout.max_context_len, num_decodes=layout.num_decodes,
             max_decode_context_len=layout.max_decode_context_len)
-        return input_ids, positions, meta, sample_index
+        return InputBatch(v["input_ids"], v["positions"], meta, v["sample_index"])
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
@@ -239,16 +255,17 @@ class ModelRunner:
         """The forward of a packed batch; with tensor parallelism, rank 0 broadcasts `flat` (others pass None)."""
         if tp_size() > 1:
             if flat is None:
-                flat = torch.empty(sum(layout.field_sizes), dtype=torch.int64, device=self.device)
+                flat = torch.empty(sum(layout.field_sizes.values()), dtype=torch.int64, device=self.device)
             dist.broadcast(flat, src=0)
-        input_ids, positions, meta, sample_index = self._unpack(flat, layout)
+        batch = self._unpack(flat, layout)
+        meta = batch.metadata
         shape = choose_graph(self.graphs.ladders, meta.num_seqs, meta.max_query_len) if self.graphs else None
         if shape is not None:
             self.graph_replays["decode" if shape[0] == 1 else "verify"] += 1
-            logits = self.graphs.run(shape, input_ids, positions, meta)
-            return logits if layout.every_row_samples else logits[sample_index]
-        hidden = self.model(input_ids, positions, self.attn_backend.build_metadata(meta))
-        return self.model.compute_logits(hidden[sample_index])
+            logits = self.graphs.run(shape, batch.input_ids, batch.positions, meta)
+            return logits if layout.every_row_samples else logits[batch.sample_index]
+        hidden = self.model(batch.input_ids, batch.positions, self.attn_backend.build_metadata(meta))
+        return self.model.compute_logits(hidden[batch.sample_index])
 
     def _in_flight_tokens(self, seqs, processed: list[int]) -> torch.Tensor | None:
         """[B] each processed row's token still being sampled (-1: none), for the penalties; None if none."""
