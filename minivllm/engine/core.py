@@ -36,9 +36,8 @@ from ..distributed.parallel_state import check_divisible, tp_size
 from ..executor import Executor, make_executor
 from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import EngineCoreOutput
-from ..spec_decode import DraftModelProposer, DraftSlots, make_proposer
+from ..spec_decode import DraftSlots
 from ..structured_output import StructuredOutputManager
-from ..worker.kv_cache import kv_bytes_per_token
 from ..worker.model_runner import SampledTokens
 from .core_messages import (
     AbortRequests,
@@ -58,16 +57,14 @@ STATS_INTERVAL_S = 0.1  # while busy, /metrics hears from the core at least this
 
 
 class EngineCore:
-    """The scheduler and the executor (plus the grammars and the draft proposer that steps need)."""
+    """The scheduler and the executor (plus the grammars that steps need)."""
 
     def __init__(self, config: EngineConfig, scheduler: Scheduler, executor: Executor,
-                 input_processor: InputProcessor, proposer=None,
-                 structured_output: StructuredOutputManager | None = None):
+                 input_processor: InputProcessor, structured_output: StructuredOutputManager | None = None):
         self.config = config
         self.scheduler = scheduler
         self.executor = executor
         self.input_processor = input_processor  # the core checks requests again: a socket is not trusted
-        self.proposer = proposer  # speculative decoding: fills each verify entry's draft tokens
         self.structured_output = structured_output
         # The step launched on the GPU whose tokens the host has not read yet (async scheduling).
         self._in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
@@ -107,26 +104,18 @@ class EngineCore:
         executor = make_executor(runner_args, config.tensor_parallel_size, config.device)
         try:  # a failure from here on stops the workers already started
             spec = config.speculative_config
-            # A draft model's weights load before the KV pool is sized, so the profile counts them.
-            proposer = make_proposer(spec, runner_args) if spec is not None else None
+            if spec is not None:
+                executor.add_proposer(spec, runner_args)
             if config.num_kv_blocks is not None:
                 num_blocks = config.num_kv_blocks * config.block_size // block_size
             else:  # what fits after a profiling forward
-                num_blocks = executor.collective_rpc("num_kv_blocks_that_fit", config.gpu_memory_utilization,
-                                                     max_num_batched_tokens)
+                num_blocks = executor.num_kv_blocks_that_fit(config.gpu_memory_utilization, max_num_batched_tokens)
             if num_blocks < 1:
                 raise ValueError(f"the KV cache holds less than one block of {block_size} tokens: "
                                  "lower max_model_len or block_size, or give the cache more memory")
-            if isinstance(proposer, DraftModelProposer):  # its cache has as many blocks as the target's
-                if config.num_kv_blocks is None:  # the memory was sized for the target's cache alone: share it
-                    target, draft = (kv_bytes_per_token(c, dtype) for c in (cfg, proposer.runner.model_config))
-                    num_blocks = num_blocks * target // (target + draft)
-                proposer.runner.initialize_kv_cache(num_blocks)
-            executor.collective_rpc("initialize_kv_cache", num_blocks)
-            if not config.enforce_eager and executor.collective_rpc("can_capture_cuda_graphs"):
-                executor.collective_rpc("capture_cuda_graphs", config.num_speculative_tokens)
-                if isinstance(proposer, DraftModelProposer):  # its drafts are decodes, its catch-up a few tokens
-                    proposer.runner.capture_cuda_graphs(config.num_speculative_tokens)
+            executor.initialize_kv_cache(num_blocks)
+            if not config.enforce_eager:
+                executor.capture_cuda_graphs(config.num_speculative_tokens)
         except BaseException:
             executor.shutdown()
             raise
@@ -143,7 +132,7 @@ class EngineCore:
         structured_output = StructuredOutputManager(cfg.vocab_size, eos_token_ids,
                                                     lambda: load_tokenizer(source.folder),
                                                     pin_memory=torch.device(config.device).type == "cuda")
-        return cls(config, scheduler, executor, input_processor, proposer, structured_output)
+        return cls(config, scheduler, executor, input_processor, structured_output)
 
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -213,7 +202,7 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output:
             return None, None
-        draft_probs = self.proposer.propose(scheduler_output) if self.proposer is not None else None
+        draft_probs = self.executor.propose(scheduler_output)
         logits = self.executor.execute_model(scheduler_output)
         outputs, bitmask, seqs = None, None, scheduler_output.sampled_seqs
         if any(seq.grammar is not None for seq in seqs):

@@ -50,7 +50,7 @@ class LLMEngine:
 
     @property
     def proposer(self):
-        return self.engine_core.proposer
+        return self.engine_core.executor.proposer
 
     @property
     def structured_output(self):

@@ -1,7 +1,8 @@
 """The executor: the engine's interface to the model runner(s), for one rank or N tensor-parallel ranks.
 
 `collective_rpc` runs a runner method on every rank and returns rank 0's result; `execute_model` runs one
-step's forward; `sample` picks tokens on rank 0. `Executor` is vLLM's UniProcExecutor.
+step's forward; `sample` picks tokens on rank 0; `propose` fills a step's draft tokens (speculative decoding:
+the proposer, and a draft model's runner, live here on rank 0). `Executor` is vLLM's UniProcExecutor.
 """
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from collections.abc import Callable
 
 import torch
 
+from ..config import SpeculativeConfig
 from ..core.scheduler import SchedulerOutput
+from ..spec_decode import DraftModelProposer, make_proposer
 from ..structured_output import GrammarBitmask
+from ..worker.kv_cache import kv_bytes_per_token
 from ..worker.model_runner import ModelRunner, SampledTokens, VerifiedTokens
 from .workers import TensorParallelWorkers, call_on_runner
 
@@ -21,9 +25,38 @@ class Executor:
 
     def __init__(self, runner: ModelRunner):
         self.runner = runner
+        self.proposer = None  # speculative decoding (`add_proposer`)
+
+    def add_proposer(self, config: SpeculativeConfig, runner_args: dict) -> None:
+        """Before the KV pool is sized, so that a draft model's weights are counted."""
+        self.proposer = make_proposer(config, runner_args)
 
     def collective_rpc(self, method: str | Callable, *args, **kwargs):
         return call_on_runner(self.runner, method, args, kwargs)
+
+    def num_kv_blocks_that_fit(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
+        """The target's KV blocks that fit, and a draft model's as many (its cache has the same blocks)."""
+        num_blocks = self.collective_rpc("num_kv_blocks_that_fit", gpu_memory_utilization, max_num_batched_tokens)
+        if isinstance(self.proposer, DraftModelProposer):
+            target, draft = (kv_bytes_per_token(r.model_config, r.dtype) for r in (self.runner, self.proposer.runner))
+            num_blocks = num_blocks * target // (target + draft)
+        return num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.runner.initialize_kv_cache(num_blocks)
+        self.collective_rpc("initialize_kv_cache", num_blocks)
+
+    def capture_cuda_graphs(self, num_speculative_tokens: int) -> None:
+        """Decode (and verify) graphs, where the runners can capture; a draft model's drafts are decodes."""
+        if self.collective_rpc("can_capture_cuda_graphs"):
+            self.collective_rpc("capture_cuda_graphs", num_speculative_tokens)
+            if isinstance(self.proposer, DraftModelProposer):
+                self.proposer.runner.capture_cuda_graphs(num_speculative_tokens)
+
+    def propose(self, scheduler_output: SchedulerOutput) -> torch.Tensor | None:
+        """Fill the step's verify entries with draft tokens; a draft model's distributions (None: one-hot)."""
+        return self.proposer.propose(scheduler_output) if self.proposer is not None else None
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> torch.Tensor:
         return self.runner.execute_model(scheduler_output)
