@@ -125,10 +125,14 @@ def test_the_core_drops_malformed_messages_and_goes_on(tiny_llama, tmp_path, cap
     for frame in malformed:
         core.send(frame)
     core.send(request("outside", [5, 10**6], 4))  # well formed, but checked again by the core
+    # Typed right but a bad value: SamplingParams refuses it while decoding, and the core rejects it by its id.
+    core.send(msgspec.msgpack.encode({"type": "add", "request_id": "cold", "prompt_token_ids": [1, 2],
+                                      "sampling_params": {"temperature": -1.0}}))
     core.send(request("good", [1, 2, 3], 6))
     tokens, reason, rejected = core.outputs_until_finished("good")
     assert len(tokens) == 6 and reason == "length"
-    assert [r.request_id for r in rejected] == ["outside"] and "vocabulary" in rejected[0].message
+    assert [r.request_id for r in rejected] == ["outside", "cold"] and "vocabulary" in rejected[0].message
+    assert "temperature" in rejected[1].message
     dropped = [r for r in caplog.records if "malformed" in r.getMessage()]
     assert len(dropped) == len(malformed)
     core.send(request("long", [4, 5], 100))
