@@ -64,6 +64,9 @@ class FakeExecutor:
         return [true_token(e.seq.request_id, e.start + e.num_tokens - e.seq.num_prompt_tokens)
                 for e in out.entries if e.samples]
 
+    def propose(self, out):
+        return None  # no speculative decoding here
+
     def sample(self, tokens, out, draft_probs=None, grammar_bitmask=None):
         self.last_sampled_rows = {seq.request_id: i for i, seq in enumerate(out.sampled_seqs)}
         return SimpleNamespace(tolist=lambda: tokens, logprobs=lambda: None)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..outputs import EngineCoreOutput
 from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
+from .sliding_window import SlidingWindow
 
 
 @dataclass
@@ -86,6 +87,7 @@ class Scheduler:
         self.eos_token_ids = set(eos_token_ids)
         self.chunked = enable_chunked_prefill
         self.sliding_window = sliding_window
+        self.window = SlidingWindow(sliding_window, block_manager.block_size) if sliding_window else None
         self.continuous = continuous
         self.spec_decode = spec_decode  # how many draft tokens a decode may carry (None: no speculation)
         self.requests: dict[str, Sequence] = {}    # every live request, waiting or running
@@ -212,9 +214,8 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _release_outside_window(self, seq: Sequence) -> None:
-        if self.sliding_window is not None:
-            # The next query sits at position num_computed_tokens and sees `window` keys back.
-            self.blocks.release_outside_window(seq, seq.num_computed_tokens - self.sliding_window + 1)
+        if self.window is not None:
+            self.window.release_behind(self.blocks, seq)
 
     def _free(self, seq: Sequence) -> None:
         self.blocks.free(seq)

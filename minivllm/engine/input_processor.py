@@ -7,6 +7,7 @@ checks here and answers 400 at once; the engine core checks again (`check`): a s
 from __future__ import annotations
 
 from ..core.block_manager import cdiv
+from ..core.sliding_window import SlidingWindow
 from ..sampling_params import SamplingParams
 from ..structured_output import check_structured_outputs
 
@@ -45,9 +46,8 @@ class InputProcessor:
 
     def blocks_needed_at_most(self, num_prompt_tokens: int, params: SamplingParams) -> int:
         tokens = min(num_prompt_tokens + params.max_tokens, self.max_model_len)
-        if self.sliding_window is not None:  # only the window and the step's new tokens are ever held
-            return min(cdiv(tokens, self.block_size),
-                       cdiv(self.sliding_window + self.max_num_batched_tokens, self.block_size) + 1)
+        if self.sliding_window is not None:
+            return SlidingWindow(self.sliding_window, self.block_size).max_blocks(tokens, self.max_num_batched_tokens)
         return cdiv(tokens, self.block_size)
 
     def process(self, prompt, params: SamplingParams | None) -> tuple[str | None, list[int], SamplingParams]:
