@@ -86,7 +86,6 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.eos_token_ids = set(eos_token_ids)
         self.chunked = enable_chunked_prefill
-        self.sliding_window = sliding_window
         self.window = SlidingWindow(sliding_window, block_manager.block_size) if sliding_window else None
         self.continuous = continuous
         self.spec_decode = spec_decode  # how many draft tokens a decode may carry (None: no speculation)

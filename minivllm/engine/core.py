@@ -265,7 +265,7 @@ class EngineCoreProc:
         core, scheduler = self.core, self.core.scheduler
         return EngineCoreReady(core.input_processor.vocab_size, scheduler.max_model_len, scheduler.blocks.block_size,
                                scheduler.blocks.num_total_blocks, scheduler.max_num_batched_tokens,
-                               scheduler.sliding_window, core.get_stats(), scheduler.max_num_seqs)
+                               core.input_processor.sliding_window, core.get_stats(), scheduler.max_num_seqs)
 
     def run_busy_loop(self) -> None:
         """Until a Shutdown message: take the messages that arrived, step if there is work, report."""
