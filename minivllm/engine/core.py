@@ -71,8 +71,8 @@ class EngineCore:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
-        """Resolve the model, start the executor, size the KV pool from a profiling forward, allocate it,
-        capture the CUDA graphs and build the scheduler."""
+        """Resolve the model, start the executor, capture the mixed steps' piecewise CUDA graphs, size the KV
+        pool from a profiling forward, allocate it, capture the decode graphs and build the scheduler."""
         source = resolve_model(config.model)
         cfg = source.config
         dtype = resolve_dtype(config.dtype, cfg, config.device)
@@ -106,6 +106,8 @@ class EngineCore:
             spec = config.speculative_config
             if spec is not None:
                 executor.add_proposer(spec, runner_args)
+            if not config.enforce_eager:
+                executor.capture_piecewise_graphs(max_num_batched_tokens, config.num_speculative_tokens)
             if config.num_kv_blocks is not None:
                 num_blocks = config.num_kv_blocks * config.block_size // block_size
             else:  # what fits after a profiling forward

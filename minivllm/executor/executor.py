@@ -47,6 +47,11 @@ class Executor:
             self.proposer.runner.initialize_kv_cache(num_blocks)
         self.collective_rpc("initialize_kv_cache", num_blocks)
 
+    def capture_piecewise_graphs(self, max_num_batched_tokens: int, num_speculative_tokens: int) -> None:
+        """Mixed steps' graphs, before the KV pool is sized so that their memory is counted (target model only)."""
+        if self.collective_rpc("can_capture_cuda_graphs"):
+            self.collective_rpc("capture_piecewise_graphs", max_num_batched_tokens, num_speculative_tokens)
+
     def capture_cuda_graphs(self, num_speculative_tokens: int) -> None:
         """Decode (and verify) graphs, where the runners can capture; a draft model's drafts are decodes."""
         if self.collective_rpc("can_capture_cuda_graphs"):

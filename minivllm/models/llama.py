@@ -48,14 +48,17 @@ class LlamaAttention(nn.Module):
         self.rotary = RotaryEmbedding(d, max_positions, cfg.rope_theta, cfg.rope_scaling)
         self.attn = Attention(num_heads, num_kv_heads, d, attn_backend)
 
-    def forward(self, positions, x, meta):
+    def qkv(self, positions, x):
+        """The attention's inputs: q [T, Hq, D] and k, v [T, Hkv, D], rotated by position."""
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.attn.num_heads, self.attn.head_dim)
         k = k.view(-1, self.attn.num_kv_heads, self.attn.head_dim)
         v = v.view(-1, self.attn.num_kv_heads, self.attn.head_dim)
         q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v, meta)
-        return self.o_proj(out.flatten(1))
+        return q, k, v
+
+    def forward(self, positions, x, meta):
+        return self.o_proj(self.attn(*self.qkv(positions, x), meta).flatten(1))
 
 
 class LlamaMLP(nn.Module):
@@ -82,15 +85,24 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, positions, x, residual, meta):
-        # The residual is carried separately so each norm can fuse the residual add.
+    # Split at attention, the one op that reads other tokens (and the KV cache): everything else works row by
+    # row, which is what lets piecewise CUDA graphs (worker/piecewise_graphs.py) pad it to a fixed token count.
+    def before_attention(self, positions, x, residual):
+        """(q, k, v, residual). The residual is carried separately so each norm can fuse the residual add."""
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
+        return *self.self_attn.qkv(positions, x), residual
+
+    def after_attention(self, attn_out, residual):
+        """attn_out [T, Hq, D] -> (x, residual) for the next layer."""
+        x, residual = self.post_attention_layernorm(self.self_attn.o_proj(attn_out.flatten(1)), residual)
         return self.mlp(x), residual
+
+    def forward(self, positions, x, residual, meta):
+        q, k, v, residual = self.before_attention(positions, x, residual)
+        return self.after_attention(self.self_attn.attn(q, k, v, meta), residual)
 
 
 class LlamaModel(nn.Module):

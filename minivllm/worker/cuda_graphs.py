@@ -93,13 +93,13 @@ def padded_forward(model, buffers: GraphBuffers, shape: tuple[int, int], build_m
 class CUDAGraphs:
     @torch.inference_mode()
     def __init__(self, model, max_batch: int, max_blocks_per_seq: int, block_size: int, device, build_metadata,
-                 num_speculative_tokens: int = 0):
+                 num_speculative_tokens: int = 0, pool=None):
         self.ladders = graph_ladders(max_batch, num_speculative_tokens)
         shapes = [(q, b) for q, ladder in self.ladders.items() for b in ladder]
         max_tokens = max(q * b for q, b in shapes)
         self.buffers = GraphBuffers(max_tokens, max_batch, max_blocks_per_seq, block_size, device)
         self.logits = torch.empty(max_tokens, model.config.vocab_size, dtype=torch.float32, device=device)
-        self.graphs, self._pool = {}, None
+        self.graphs, self._pool = {}, pool
         # Largest first, so smaller graphs reuse the shared pool's memory.
         for shape in sorted(shapes, key=lambda s: s[0] * s[1], reverse=True):
             self.graphs[shape] = self._capture(functools.partial(self._forward, model, shape, build_metadata))

@@ -1,8 +1,9 @@
 """The model runner: owns the model, its KV cache and CUDA graphs, and runs each step.
 
 `execute_model` packs a `SchedulerOutput` into one flat batch (tokens, positions, cache slots), runs the
-model once and returns the logits of the sampling rows; decode and verify steps replay a CUDA graph when
-one fits. `sample` picks the next tokens on the device.
+model once and returns the logits of the sampling rows. Decode and verify steps replay a full CUDA graph
+(cuda_graphs.py); other steps up to a few thousand tokens replay piecewise graphs with attention run between
+the pieces (piecewise_graphs.py). `sample` picks the next tokens on the device.
 
 Steps without draft tokens do not wait for the GPU, so the CPU can prepare step n+1 while step n runs: inputs
 travel in one async copy from pinned memory, a token still being sampled is read from `_last_sampled` on
@@ -26,9 +27,10 @@ from ..distributed.parallel_state import cpu_group, tp_size
 from ..models.loader import build_model
 from ..structured_output import GrammarBitmask
 from .block_table import BlockTable
-from .cuda_graphs import CUDAGraphs, choose_graph
+from .cuda_graphs import CUDAGraphs, choose_graph, graph_ladders
 from .kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
 from .logprobs import StepLogprobs, compute_logprobs
+from .piecewise_graphs import PiecewiseGraphs, choose_size
 from .rejection_sampler import RejectionSampler
 from .sampler import Sampler, process_logits
 
@@ -126,7 +128,10 @@ class ModelRunner:
         self.rejection_sampler = RejectionSampler(self.device, self.sampler.generator)
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: CUDAGraphs | None = None
-        self.graph_replays = Counter()  # "decode" / "verify" -> count
+        self.piecewise: PiecewiseGraphs | None = None
+        self.graph_pool = None              # one memory pool for every graph of this runner
+        self.graph_memory_bytes = 0         # kept out of the KV cache (`capture_piecewise_graphs`)
+        self.graph_replays = Counter()  # "decode" / "verify" / "mixed" -> count
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer
         self.use_async_copies = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.use_async_copies else None
@@ -141,6 +146,7 @@ class ModelRunner:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._profile_run(max_num_batched_tokens)
         budget = kv_cache_budget_bytes(self.device, gpu_memory_utilization, self.gpu_memory_limit_bytes)
+        budget -= self.graph_memory_bytes
         num_blocks = budget // kv_bytes_per_token(self.model_config, self.dtype) // self.block_size
         if tp_size() > 1:  # all ranks use the smallest pool
             fewest = torch.tensor([num_blocks])
@@ -158,11 +164,26 @@ class ModelRunner:
     def can_capture_cuda_graphs(self) -> bool:
         return self.device.type == "cuda" and self.attn_backend.supports_cuda_graphs
 
+    def capture_piecewise_graphs(self, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> None:
+        """Capture the piecewise graphs of mixed steps. They do not read the KV cache, so this runs before the
+        cache is sized, and the memory they hold (plus the logits buffer of the decode graphs captured after the
+        cache, whose other memory comes from the same pool) is kept out of it."""
+        self.piecewise = None
+        reserved, allocated = torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device)
+        self.graph_pool = torch.cuda.graph_pool_handle()
+        self.piecewise = PiecewiseGraphs(self.model, max_num_batched_tokens, self.device, self.graph_pool)
+        torch.cuda.synchronize(self.device)
+        pool_bytes = (torch.cuda.memory_reserved(self.device) - reserved) - (
+            torch.cuda.memory_allocated(self.device) - allocated)  # the pool; the buffers are in the profile's peak
+        decode_tokens = max(q * b[-1] for q, b in graph_ladders(self.max_num_seqs, num_speculative_tokens).items())
+        self.graph_memory_bytes = max(0, pool_bytes) + decode_tokens * self.model_config.vocab_size * 4
+
     def capture_cuda_graphs(self, num_speculative_tokens: int = 0) -> None:
         """Capture decode steps, and verify steps of k + 1 tokens with k draft tokens, as CUDA graphs."""
         self.graphs = None  # free the old graphs before capturing
         self.graphs = CUDAGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
-                                 self.block_size, self.device, self.attn_backend.build_metadata, num_speculative_tokens)
+                                 self.block_size, self.device, self.attn_backend.build_metadata, num_speculative_tokens,
+                                 pool=self.graph_pool)
 
     @torch.inference_mode()
     def _profile_run(self, num_tokens: int) -> None:
@@ -264,7 +285,13 @@ class ModelRunner:
             self.graph_replays["decode" if shape[0] == 1 else "verify"] += 1
             logits = self.graphs.run(shape, batch.input_ids, batch.positions, meta)
             return logits if layout.every_row_samples else logits[batch.sample_index]
-        hidden = self.model(batch.input_ids, batch.positions, self.attn_backend.build_metadata(meta))
+        meta = self.attn_backend.build_metadata(meta)
+        size = choose_size(self.piecewise.ladder, meta.num_tokens) if self.piecewise else None
+        if size is not None:
+            self.graph_replays["mixed"] += 1
+            hidden = self.piecewise.run(size, batch.input_ids, batch.positions, meta)
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, meta)
         return self.model.compute_logits(hidden[batch.sample_index])
 
     def _in_flight_tokens(self, seqs, processed: list[int]) -> torch.Tensor | None:
