@@ -186,7 +186,8 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     # The GPU memory this engine treats as the whole GPU (gpu_memory_utilization is a share of it).
     gpu_memory_limit_bytes: int | None = None
-    max_num_seqs: int = 256
+    # None: sized by the device and the caller (`default_batch_limits`).
+    max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
@@ -246,6 +247,27 @@ class EngineConfig:
     @property
     def num_speculative_tokens(self) -> int:
         return self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+
+
+# vLLM V1's defaults: (max_num_seqs, max_num_batched_tokens) by (a large GPU?, who runs the engine). The server
+# takes a smaller token budget than offline use: a step's tokens set the time between a client's tokens.
+BATCH_LIMIT_DEFAULTS = {
+    (True, "llm"): (1024, 16384), (True, "server"): (1024, 8192),
+    (False, "llm"): (256, 8192), (False, "server"): (256, 2048),
+}
+LARGE_GPU_BYTES = 70 * 2**30
+
+
+def default_batch_limits(device: str, usage_context: str, gpu_memory_limit_bytes: int | None = None) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) for `usage_context` "llm" (offline) or "server". Large on a GPU of
+    70 GiB or more that is not an A100 (where vLLM measured the larger budget to slow it down); small on others
+    (a T4; `gpu_memory_limit_bytes` counts as the GPU's size) and on a CPU."""
+    large = False
+    if torch.device(device).type == "cuda":
+        props = torch.cuda.get_device_properties(torch.device(device))
+        memory = min(props.total_memory, gpu_memory_limit_bytes or props.total_memory)
+        large = memory >= LARGE_GPU_BYTES and "a100" not in props.name.lower()
+    return BATCH_LIMIT_DEFAULTS[large, usage_context]
 
 
 def _check_device(device) -> str:

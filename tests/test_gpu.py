@@ -84,6 +84,55 @@ def test_mistral_7b_dummy_runs_a_batch():
     assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4]
 
 
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 5e-2)])
+def test_mixed_steps_replay_piecewise_graphs(tiny_llama, tiny_mistral, dtype, tol):
+    # Prompts chunked beside decodes (24 tokens a step): the steps with a chunk replay piecewise graphs, padded to
+    # their token count. Each one's logits are compared with an eager forward of the same step, and in float32
+    # the tokens with the eager engine's.
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    prompts = [torch.randint(0, 211, (int(n),), generator=g).tolist() for n in torch.randint(3, 60, (6,), generator=g)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for folder, _ in (tiny_llama, tiny_mistral):
+        args = dict(dtype=dtype, max_model_len=96, num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=24)
+        eager = LLM(folder, enforce_eager=True, **args).generate(prompts, params, use_tqdm=False)
+        llm = LLM(folder, **args)
+        runner, compared = llm.llm_engine.runner, []
+        graphed_execute = runner.execute_batch
+
+        def both(layout, flat=None):
+            logits = graphed_execute(layout, flat)
+            batch = runner._unpack(flat, layout)
+            if batch.metadata.num_decodes < batch.metadata.num_seqs:
+                meta = runner.attn_backend.build_metadata(batch.metadata)
+                hidden = runner.model(batch.input_ids, batch.positions, meta)
+                torch.testing.assert_close(logits, runner.model.compute_logits(hidden[batch.sample_index]),
+                                           rtol=tol, atol=tol)
+                compared.append(batch.input_ids.shape[0])
+            return logits
+
+        runner.execute_batch = both
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert runner.graph_replays["mixed"] == len(compared) > 3 and runner.graph_replays["decode"] > 0
+        if dtype == "float32":
+            assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in eager]
+
+
+def test_enforce_eager_captures_no_graph(tiny_llama):
+    runner = LLM(tiny_llama[0], max_model_len=96, num_kv_blocks=24, enforce_eager=True).llm_engine.runner
+    assert runner.graphs is None and runner.piecewise is None and runner.graph_memory_bytes == 0
+
+
+def test_the_graphs_memory_is_kept_out_of_the_kv_cache(tiny_llama):
+    # Same budget, with and without graphs: the graphed engine's pool is smaller by about the graphs' memory.
+    pools = {}
+    for eager in (True, False):
+        llm = LLM(tiny_llama[0], max_model_len=96, gpu_memory_limit_bytes=2 * 2**30, enforce_eager=eager)
+        pools[eager] = llm.llm_engine.get_stats()["num_total_blocks"], llm.llm_engine.runner.graph_memory_bytes
+        llm.shutdown()
+    (eager_blocks, _), (graphed_blocks, graph_bytes) = pools[True], pools[False]
+    assert graph_bytes > 0 and graphed_blocks < eager_blocks
+
+
 def _spec_runs(folder, prompts, **options):
     """Greedy tokens of `prompts` and the engine, built with the given options."""
     llm = LLM(folder, dtype="float32", max_model_len=96, num_kv_blocks=48, max_num_seqs=4, **options)

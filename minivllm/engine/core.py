@@ -27,7 +27,7 @@ from collections.abc import Callable
 import msgspec
 import torch
 
-from ..config import EngineConfig, resolve_dtype
+from ..config import EngineConfig, default_batch_limits, resolve_dtype
 from ..core.async_scheduler import AsyncScheduler
 from ..core.block_manager import BlockManager
 from ..core.scheduler import Scheduler, SchedulerOutput
@@ -52,7 +52,6 @@ from .core_messages import (
 from .input_processor import InputProcessor
 
 logger = logging.getLogger("minivllm.engine.core")
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # a step's token budget when chunking: enough to keep a GPU busy
 STATS_INTERVAL_S = 0.1  # while busy, /metrics hears from the core at least this often, however long a step
 
 
@@ -70,9 +69,10 @@ class EngineCore:
         self._in_flight: tuple[SchedulerOutput, SampledTokens] | None = None
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> EngineCore:
+    def from_config(cls, config: EngineConfig, usage_context: str = "llm") -> EngineCore:
         """Resolve the model, start the executor, capture the mixed steps' piecewise CUDA graphs, size the KV
-        pool from a profiling forward, allocate it, capture the decode graphs and build the scheduler."""
+        pool from a profiling forward, allocate it, capture the decode graphs and build the scheduler. Limits not
+        given are sized by the device for `usage_context` ("llm": offline; "server": `AsyncLLM`)."""
         source = resolve_model(config.model)
         cfg = source.config
         dtype = resolve_dtype(config.dtype, cfg, config.device)
@@ -80,7 +80,9 @@ class EngineCore:
         if max_model_len > cfg.max_position_embeddings:  # RoPE tables and the model stop there
             raise ValueError(f"max_model_len={max_model_len} exceeds the model's "
                              f"{cfg.max_position_embeddings} positions (max_position_embeddings)")
-        max_num_batched_tokens = config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        default_seqs, default_tokens = default_batch_limits(config.device, usage_context, config.gpu_memory_limit_bytes)
+        max_num_batched_tokens = config.max_num_batched_tokens or default_tokens
+        max_num_seqs = config.max_num_seqs or default_seqs
         if not config.enable_chunked_prefill:  # a whole prompt must fit in one step
             max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
         prefix_caching = config.enable_prefix_caching and config.enable_paged_kv
@@ -97,7 +99,7 @@ class EngineCore:
         if config.tensor_parallel_size > 1:
             check_divisible(cfg.num_heads, cfg.num_kv_heads, config.tensor_parallel_size)  # before any process
         runner_args = dict(model_config=cfg, device=config.device, dtype=dtype, max_model_len=max_model_len,
-                           block_size=block_size, max_num_seqs=config.max_num_seqs,
+                           block_size=block_size, max_num_seqs=max_num_seqs,
                            folder=None if config.load_format == "dummy" else source.folder, seed=config.seed,
                            backend=config.attention_backend, gpu_memory_limit_bytes=config.gpu_memory_limit_bytes,
                            eos_token_ids=tuple(eos_token_ids))
@@ -122,7 +124,7 @@ class EngineCore:
             executor.shutdown()
             raise
         scheduler_class = AsyncScheduler if config.async_scheduling else Scheduler
-        scheduler = scheduler_class(BlockManager(num_blocks, block_size, prefix_caching), config.max_num_seqs,
+        scheduler = scheduler_class(BlockManager(num_blocks, block_size, prefix_caching), max_num_seqs,
                                     max_num_batched_tokens, max_model_len, eos_token_ids,
                                     config.enable_chunked_prefill, cfg.sliding_window,
                                     continuous=config.enable_continuous_batching,
@@ -246,7 +248,7 @@ def make_engine_core(config: EngineConfig) -> EngineCore:
         # The core's host-side tensors are tiny: one intra-op thread is fastest, and it leaves the other
         # cores to the frontend (torch's default of one thread per core keeps them spinning).
         torch.set_num_threads(1)
-    return EngineCore.from_config(config)
+    return EngineCore.from_config(config, usage_context="server")
 
 
 def freeze_startup_objects() -> None:
