@@ -6,6 +6,8 @@ A fake model runner stands in for the GPU: the k-th output token of a request is
 its stop token or `max_tokens`, or a prefix of them if it was aborted. With async scheduling, requests
 finish, are aborted and are preempted while the next step is already in flight.
 """
+import os
+import random
 from types import SimpleNamespace
 
 from hypothesis import given, settings
@@ -198,3 +200,42 @@ def test_preemption_frees_the_newest_and_requeues_it_first():
     out = sched.schedule()                            # token 5 needs a block: b goes
     assert sched.num_preemptions == 1 and out.seqs == [a] and sched.waiting[0] is b
     assert b.num_computed_tokens == 0 and b.block_table == [] and out.released_request_ids == ["b"]
+
+
+def test_a_thousand_sequences_are_admitted_in_order_and_nobody_waits_while_there_is_room():
+    # Serving at the device-sized default (1024 sequences, 8192 tokens a step), requests arriving every step as in
+    # W3 (a shared 128-token system prompt, user parts of 16-256 tokens, answers of 20-150): admission is first
+    # come, first served, and a request waits only while the step is full (slots, token budget or KV blocks).
+    g = random.Random(int.from_bytes(os.urandom(4)))
+    bm = BlockManager(30000, 16, enable_prefix_caching=True)
+    sched = AsyncScheduler(bm, max_num_seqs=1024, max_num_batched_tokens=8192, max_model_len=1024)
+    engine = fake_engine(sched, async_scheduling=True)
+    system = [g.randrange(1000) for _ in range(128)]
+    arrival, admitted, seen, schedule = {}, [], set(), sched.schedule
+
+    def checked_schedule():
+        out = schedule()
+        admitted.extend(s.request_id for s in sched.running if s.request_id not in seen)
+        seen.update(admitted)
+        if sched.waiting:
+            head = sched.waiting[0]
+            full = (len(sched.running) == sched.max_num_seqs or sum(out.num_new_tokens) == sched.max_num_batched_tokens
+                    or bm.num_free_blocks == 0 or not sched._may_admit(head))
+            assert full, f"{head.request_id} waits with room in the step"
+        return out
+
+    sched.schedule = checked_schedule
+    most_running = 0
+    for step in range(160):
+        for _ in range(g.randrange(40) if step < 100 else 0):
+            rid = f"r{len(arrival)}"
+            arrival[rid] = len(arrival)
+            prompt = system + [g.randrange(1000) for _ in range(g.randrange(16, 257))]
+            sched.add(Sequence(rid, prompt, SamplingParams(max_tokens=g.randrange(20, 151))))
+        engine.step()
+        most_running = max(most_running, len(sched.running))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert [arrival[r] for r in admitted] == sorted(arrival[r] for r in admitted) and len(admitted) == len(arrival)
+    assert most_running > 256
+    assert bm.num_free_blocks == bm.num_total_blocks
