@@ -12,7 +12,7 @@ case "$1" in
   mixed)
     python3 -m pytest -q -m gpu tests/test_gpu.py tests/test_cuda_graphs.py tests/test_piecewise_graphs.py \
       2>&1 | tail -30 | tee "$OUT/gpu_tests.log"
-    python3 scripts/mixed_step.py --out "$OUT/mixed_step_h200.json" 2>&1 | tee "$OUT/mixed_step.log"
+    python3 -m minivllm_lab.bench.mixed_step --out "$OUT/mixed_step_h200.json" 2>&1 | tee "$OUT/mixed_step.log"
     bundle ;;
   capacity)
     python3 scripts/serving_capacity.py --out "$OUT/serving_capacity_h200.json" 2>&1 | tee "$OUT/serving_capacity.log"

@@ -251,6 +251,12 @@ def measure_bandwidth_Bps(device="cuda", nbytes: int = 2**30, warmup: int = 3, r
     return 2 * nbytes / (ms / 1e3)
 
 
+def layers_matmul_flops(shape: ModelShape, num_tokens: int) -> float:
+    """FLOPs of `num_tokens` tokens through the layers' projections: a prompt chunk's matmuls (its rows do not
+    reach the lm_head unless they sample)."""
+    return 2 * num_tokens * shape.num_layers * _layer_matmul_params(shape)
+
+
 def measure_matmul_flops(
     device="cuda", n: int = 8192, dtype=torch.bfloat16, warmup: int = 3, repeats: int = 10
 ) -> float:
