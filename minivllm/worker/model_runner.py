@@ -169,10 +169,12 @@ class ModelRunner:
         cache is sized, and the memory they hold (plus the logits buffer of the decode graphs captured after the
         cache, whose other memory comes from the same pool) is kept out of it."""
         self.piecewise = None
+        torch.cuda.empty_cache()  # the cache of eager memory does not count; the graphs' pool is not emptied
         reserved, allocated = torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device)
         self.graph_pool = torch.cuda.graph_pool_handle()
         self.piecewise = PiecewiseGraphs(self.model, max_num_batched_tokens, self.device, self.graph_pool)
         torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         pool_bytes = (torch.cuda.memory_reserved(self.device) - reserved) - (
             torch.cuda.memory_allocated(self.device) - allocated)  # the pool; the buffers are in the profile's peak
         decode_tokens = max(q * b[-1] for q, b in graph_ladders(self.max_num_seqs, num_speculative_tokens).items())
