@@ -201,3 +201,16 @@ def test_launch_count_counts_the_operations_of_a_call():
     one, three = launch_count(lambda: x @ x), launch_count(lambda: ((x @ x) @ x) @ x)
     assert one["gpu_kernels"] is None and one["host_to_device_copies"] == 0   # (on a CPU)
     assert dict(three["top_ops"])["mm"] == 3 * dict(one["top_ops"])["mm"] == 3
+
+
+def test_mixed_step_bench_times_the_steps_it_names(tmp_path):
+    # --smoke on a CPU: the two engines run, and the timed steps carried exactly the decodes and the chunk asked for.
+    from minivllm_lab.bench import mixed_step
+    result = mixed_step.main(["--smoke", "--out", str(tmp_path / "mixed.json")])
+    sizes = mixed_step.SMOKE_SIZES
+    for engine in ("graphed", "eager"):
+        assert result[engine]["mixed_steps"] == [(sizes["decodes"], sizes["chunk"])]
+        assert result[engine]["decode_steps"] == [(sizes["decodes"], 0)]
+        assert len(result[engine]["mixed_ms_runs"]) == sizes["runs"]
+    assert result["chunk_matmul_tflop"] > 0 and "floor_ms" not in result  # no GPU: no measured rate, no floor
+    assert (tmp_path / "mixed.json").is_file()
