@@ -118,6 +118,11 @@ def resolve_dtype(dtype: str | torch.dtype, model_config: ModelConfig, device: s
     return DTYPE_NAMES[dtype]
 
 
+def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's torch dtype: "auto" is the model's, "fp8" is e4m3."""
+    return torch.float8_e4m3fn if kv_cache_dtype == "fp8" else dtype
+
+
 SPECULATIVE_METHODS = ("ngram", "draft_model")
 
 
@@ -203,11 +208,17 @@ class EngineConfig:
     # A dict of SpeculativeConfig's fields, or None.
     speculative_config: dict | None = None
     seed: int = 0
+    # Weights quantized when the model loads, per output channel: None, "fp8" (e4m3) or "int8".
+    quantization: str | None = None
+    # The KV cache's dtype: "auto" (the model's) or "fp8" (e4m3).
+    kv_cache_dtype: str = "auto"
+    # The KV pool's size in bytes, on any device (instead of gpu_memory_utilization; num_kv_blocks wins).
+    kv_cache_memory_bytes: int | None = None
 
     def __post_init__(self):
         # Every field is a server flag: check each here with a clear message, not deep inside the engine.
         for name in ("block_size", "max_num_seqs", "tensor_parallel_size", "num_kv_blocks", "max_num_batched_tokens",
-                     "max_model_len", "gpu_memory_limit_bytes"):
+                     "max_model_len", "gpu_memory_limit_bytes", "kv_cache_memory_bytes"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -233,6 +244,15 @@ class EngineConfig:
                              f"{self.device}; {torch.cuda.device_count()} are visible")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be None or one of {list(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if parsed.type == "cuda" and "fp8" in (self.quantization, self.kv_cache_dtype):
+            capability = torch.cuda.get_device_capability(parsed)
+            if capability < (8, 9):
+                raise ValueError(f"fp8 needs a GPU of compute capability 8.9 or more (this one: {capability[0]}."
+                                 f"{capability[1]}): use quantization='int8', and kv_cache_dtype='auto'")
         if self.speculative_config is not None:
             self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
             if self.speculative_config.method == "draft_model" and self.tensor_parallel_size > 1:
@@ -268,6 +288,10 @@ def default_batch_limits(device: str, usage_context: str, gpu_memory_limit_bytes
         memory = min(props.total_memory, gpu_memory_limit_bytes or props.total_memory)
         large = memory >= LARGE_GPU_BYTES and "a100" not in props.name.lower()
     return BATCH_LIMIT_DEFAULTS[large, usage_context]
+
+
+QUANTIZATIONS = ("fp8", "int8")
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 def _check_device(device) -> str:

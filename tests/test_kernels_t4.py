@@ -53,6 +53,7 @@ LAUNCHES = {
     "decode": ["_decode_kernel"],
     "decode, 64 splits": ["_decode_kernel", "_reduce_kernel"],
     "prefill": ["_prefill_attention_kernel"],
+    "w8_matmul": ["_w8_matmul_kernel"],
 }
 CASES = [(model, call, kernel) for model in MODELS for call, kernels in LAUNCHES.items() for kernel in kernels]
 
@@ -136,6 +137,7 @@ def wrapper_calls(config: dict) -> dict:
         rms_norm,
         silu_and_mul,
         store_kv,
+        w8_matmul,
     )
     fp16, i32, i64 = torch.float16, torch.int32, torch.int64
     hidden, ffn = config["hidden_size"], config["intermediate_size"]
@@ -166,6 +168,7 @@ def wrapper_calls(config: dict) -> dict:
         "prefill": lambda: paged_prefill_attention(q, k_cache, v_cache, torch.tensor([0, tokens], dtype=i32),
                                                    torch.tensor([tokens], dtype=i32), block_tables[:1], tokens,
                                                    dim ** -0.5, window),
+        "w8_matmul": lambda: w8_matmul(x, torch.zeros(ffn, hidden, dtype=torch.int8), torch.ones(ffn)),
     }
 
 
@@ -205,7 +208,8 @@ def recording():
 def triton_type(value) -> str:
     """The signature type Triton gives a launch argument: a tensor is a pointer to its dtype."""
     if isinstance(value, torch.Tensor):
-        return "*" + {torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32", torch.int64: "i64"}[value.dtype]
+        return "*" + {torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.int32: "i32",
+                      torch.int64: "i64"}[value.dtype]
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):

@@ -20,6 +20,8 @@ class AttentionBackend:
         raise NotImplementedError
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        """Store k/v [T, Hkv, D] in the cache, then attend: q [T, Hq, D] -> [T, Hq, D]."""
+                v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
+        """Store k/v [T, Hkv, D] in the cache, then attend: q [T, Hq, D] -> [T, Hq, D]. An fp8 (e4m3) cache
+        holds k / k_scale and v / v_scale."""
         raise NotImplementedError

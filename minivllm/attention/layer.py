@@ -1,5 +1,6 @@
 """The attention layer: holds its KV cache (`bind_cache`) and hands the forward to the backend;
-a forward without a cache uses the torch reference.
+a forward without a cache uses the torch reference. An fp8 cache has one scale per tensor (keys, values) and
+layer: 1.0, as vLLM uses when a checkpoint brings no calibrated scales; e4m3 reaches +-448.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class Attention(nn.Module):
         self.backend = backend
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        self.k_scale = self.v_scale = 1.0
 
     def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         self.k_cache, self.v_cache = k_cache, v_cache
@@ -27,4 +29,4 @@ class Attention(nn.Module):
         """q: [T, Hq, D], k/v: [T, Hkv, D] for this step's tokens -> [T, Hq, D]."""
         if isinstance(meta, NoCacheMetadata):
             return torch_ref.attention_without_cache(q, k, v, meta, self.scale, self.backend.sliding_window)
-        return self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        return self.backend.forward(q, k, v, self.k_cache, self.v_cache, meta, self.scale, self.k_scale, self.v_scale)

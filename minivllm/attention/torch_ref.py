@@ -16,11 +16,27 @@ from .metadata import AttentionMetadata, NoCacheMetadata
 SDP_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+
+
+def to_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """x as the cache stores it: an fp8 (e4m3) cache holds x / scale, saturated at +-448."""
+    if cache_dtype != torch.float8_e4m3fn:
+        return x.to(cache_dtype)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(cache_dtype)
+
+
+def from_cache(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    if x.dtype != torch.float8_e4m3fn:
+        return x
+    return (x.float() * scale).to(dtype)
+
+
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Write the new tokens' keys/values into their cache slots (one flat index per token)."""
-    k_cache.view(-1, *k.shape[1:])[slot_mapping] = k
-    v_cache.view(-1, *v.shape[1:])[slot_mapping] = v
+    k_cache.view(-1, *k.shape[1:])[slot_mapping] = to_cache(k, k_cache.dtype, k_scale)
+    v_cache.view(-1, *v.shape[1:])[slot_mapping] = to_cache(v, v_cache.dtype, v_scale)
 
 
 def _pad_index(cu_seqlens: torch.Tensor, max_len: int, num_tokens: int):
@@ -107,7 +123,8 @@ def _group_plan(meta: AttentionMetadata, seqs: slice, first_token: int, num_toke
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
+                    meta: TorchAttentionMetadata, scale: float, k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> torch.Tensor:
     """q: [num_tokens, Hq, D] -> [num_tokens, Hq, D], keys and values read from the cache."""
     outs = []
     k_slots, v_slots = k_cache.view(-1, *k_cache.shape[2:]), v_cache.view(-1, *v_cache.shape[2:])
@@ -115,6 +132,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         # index_select: the same gather as k_slots[g.slots], faster on a CPU.
         k = k_slots.index_select(0, g.slots.flatten()).view(*g.slots.shape, *k_slots.shape[1:])
         v = v_slots.index_select(0, g.slots.flatten()).view(*g.slots.shape, *v_slots.shape[1:])
+        k, v = from_cache(k, q.dtype, k_scale), from_cache(v, q.dtype, v_scale)
         outs.append(masked_attention(q[g.q_index], k, v, g.mask, scale).flatten(0, 1)[g.unpad])
     return torch.cat(outs) if len(outs) > 1 else outs[0]
 
@@ -135,6 +153,7 @@ class TorchAttentionBackend(AttentionBackend):
     def build_metadata(self, meta: AttentionMetadata) -> TorchAttentionMetadata:
         return TorchAttentionMetadata.build(meta, self.sliding_window)
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMetadata, scale: float) -> torch.Tensor:
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        return paged_attention(q, k_cache, v_cache, meta, scale)
+    def forward(self, q, k, v, k_cache, v_cache, meta: TorchAttentionMetadata, scale: float, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+        return paged_attention(q, k_cache, v_cache, meta, scale, k_scale, v_scale)

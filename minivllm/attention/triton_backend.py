@@ -25,19 +25,20 @@ class TritonAttentionMetadata(AttentionMetadata):
 
 
 def paged_attention(q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, scale: float,
-                    sliding_window: int | None = None) -> torch.Tensor:
+                    sliding_window: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q: [T, Hq, D], k/v: [T, Hkv, D] of this step's tokens -> [T, Hq, D]."""
-    store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    kv_scales = dict(k_scale=k_scale, v_scale=v_scale)
+    store_kv(k, v, k_cache, v_cache, meta.slot_mapping, **kv_scales)
     d = meta.num_decodes
     if d == meta.num_seqs:  # decode-only step (what decode graphs capture)
         return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale,
-                                      sliding_window)
+                                      sliding_window, **kv_scales)
     prefill = paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_cu_seqlens, meta.context_lens[d:],
-                                      meta.block_tables[d:], meta.max_query_len, scale, sliding_window)
+                                      meta.block_tables[d:], meta.max_query_len, scale, sliding_window, **kv_scales)
     if d == 0:  # also verify graphs: every sequence goes to the prefill kernel
         return prefill
     decode = paged_decode_attention(q[:d], k_cache, v_cache, meta.block_tables[:d], meta.context_lens[:d],
-                                    scale, sliding_window)
+                                    scale, sliding_window, **kv_scales)
     return torch.cat([decode, prefill])
 
 
@@ -49,5 +50,6 @@ class TritonAttentionBackend(AttentionBackend):
     def build_metadata(self, meta: AttentionMetadata) -> TritonAttentionMetadata:
         return TritonAttentionMetadata.build(meta)
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, scale: float) -> torch.Tensor:
-        return paged_attention(q, k, v, k_cache, v_cache, meta, scale, self.sliding_window)
+    def forward(self, q, k, v, k_cache, v_cache, meta: TritonAttentionMetadata, scale: float, k_scale: float = 1.0,
+                v_scale: float = 1.0) -> torch.Tensor:
+        return paged_attention(q, k, v, k_cache, v_cache, meta, scale, self.sliding_window, k_scale, v_scale)

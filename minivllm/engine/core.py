@@ -27,7 +27,7 @@ from collections.abc import Callable
 import msgspec
 import torch
 
-from ..config import EngineConfig, default_batch_limits, resolve_dtype
+from ..config import EngineConfig, default_batch_limits, resolve_dtype, resolve_kv_cache_dtype
 from ..core.async_scheduler import AsyncScheduler
 from ..core.block_manager import BlockManager
 from ..core.scheduler import Scheduler, SchedulerOutput
@@ -102,7 +102,8 @@ class EngineCore:
                            block_size=block_size, max_num_seqs=max_num_seqs,
                            folder=None if config.load_format == "dummy" else source.folder, seed=config.seed,
                            backend=config.attention_backend, gpu_memory_limit_bytes=config.gpu_memory_limit_bytes,
-                           eos_token_ids=tuple(eos_token_ids))
+                           eos_token_ids=tuple(eos_token_ids), quantization=config.quantization,
+                           kv_cache_dtype=resolve_kv_cache_dtype(config.kv_cache_dtype, dtype))
         executor = make_executor(runner_args, config.tensor_parallel_size, config.device)
         try:  # a failure from here on stops the workers already started
             spec = config.speculative_config
@@ -112,8 +113,9 @@ class EngineCore:
                 executor.capture_piecewise_graphs(max_num_batched_tokens, config.num_speculative_tokens)
             if config.num_kv_blocks is not None:
                 num_blocks = config.num_kv_blocks * config.block_size // block_size
-            else:  # what fits after a profiling forward
-                num_blocks = executor.num_kv_blocks_that_fit(config.gpu_memory_utilization, max_num_batched_tokens)
+            else:  # what fits in kv_cache_memory_bytes, or after a profiling forward
+                num_blocks = executor.num_kv_blocks_that_fit(config.gpu_memory_utilization, max_num_batched_tokens,
+                                                             config.kv_cache_memory_bytes)
             if num_blocks < 1:
                 raise ValueError(f"the KV cache holds less than one block of {block_size} tokens: "
                                  "lower max_model_len or block_size, or give the cache more memory")

@@ -34,11 +34,15 @@ class Executor:
     def collective_rpc(self, method: str | Callable, *args, **kwargs):
         return call_on_runner(self.runner, method, args, kwargs)
 
-    def num_kv_blocks_that_fit(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
-        """The target's KV blocks that fit, and a draft model's as many (its cache has the same blocks)."""
-        num_blocks = self.collective_rpc("num_kv_blocks_that_fit", gpu_memory_utilization, max_num_batched_tokens)
+    def num_kv_blocks_that_fit(self, gpu_memory_utilization: float, max_num_batched_tokens: int,
+                               kv_cache_memory_bytes: int | None = None) -> int:
+        """The target's KV blocks that fit (in `kv_cache_memory_bytes` if given), and a draft model's as many
+        (its cache has the same blocks)."""
+        num_blocks = self.collective_rpc("num_kv_blocks_that_fit", gpu_memory_utilization, max_num_batched_tokens,
+                                         kv_cache_memory_bytes)
         if isinstance(self.proposer, DraftModelProposer):
-            target, draft = (kv_bytes_per_token(r.model_config, r.dtype) for r in (self.runner, self.proposer.runner))
+            target, draft = (kv_bytes_per_token(r.model_config, r.kv_cache_dtype)
+                             for r in (self.runner, self.proposer.runner))
             num_blocks = num_blocks * target // (target + draft)
         return num_blocks
 

@@ -7,6 +7,7 @@ from .rmsnorm import rms_norm
 from .rotary import apply_rotary_
 from .silu_and_mul import silu_and_mul
 from .store_kv import store_kv
+from .w8_matmul import w8_matmul
 
 __all__ = ["rms_norm", "silu_and_mul", "apply_rotary_", "store_kv", "paged_decode_attention",
-           "paged_prefill_attention"]
+           "paged_prefill_attention", "w8_matmul"]

@@ -3,6 +3,8 @@
 Decode is memory-bound, so KV is read in place through the block table, one program serves a
 whole GQA group, tiles before the sliding window are skipped, and long contexts are split into
 parts (split-K) that `_reduce_kernel` merges. Online softmax in fp32, base 2 (exp2).
+The cache may be fp8 (e4m3) with one scale per tensor (vLLM's uncalibrated default is 1.0): it holds
+x / scale, read as stored * scale in q's dtype.
 Reference: `minivllm.attention.torch_ref.paged_attention`.
 """
 from __future__ import annotations
@@ -24,13 +26,13 @@ LOG2E = 1.4426950408889634  # exp(x) = 2^(x * log2 e)
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    qk_scale, window,
+    qk_scale, window, k_scale, v_scale,
     stride_qb, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_bt,
     stride_ob, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_IN_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program: sequence `b`, KV head `kvh`, part `split` of the context, all GROUP query heads."""
@@ -72,6 +74,9 @@ def _decode_kernel(
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if FP8:  # bytes, as store_kv wrote them
+            k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(q.dtype)
+            v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * v_scale).to(q.dtype)
         if DOT_IN_FP32:
             k, v = k.to(tl.float32), v.to(tl.float32)
 
@@ -162,11 +167,13 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, tile: int
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                           sliding_window: int | None = None, num_splits: int | None = None) -> torch.Tensor:
+                           sliding_window: int | None = None, num_splits: int | None = None,
+                           k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q [B, Hq, D] (each sequence's newest token, at position context_len - 1) -> out [B, Hq, D].
 
     k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] and context_lens
-    [B] int32 (0 for a padding row). num_splits=None picks the split-K factor."""
+    [B] int32 (0 for a padding row). num_splits=None picks the split-K factor. An fp8 (e4m3) cache
+    is read as stored * k_scale (v_scale); other caches ignore the scales."""
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
@@ -187,8 +194,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         part_m = part_l = part_acc = out  # unused
 
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    dtype = q.dtype if fp8 else k_cache.dtype   # tl.dot's operands: fp8 is widened to q's dtype
+    if fp8:  # numpy, under the interpreter, has no fp8: the kernel takes the bytes
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     # The GQA group is tl.dot's M dimension, padded to its minimum of 16; padding rows are masked.
-    dot_in_fp32 = os.environ.get("TRITON_INTERPRET") == "1" and k_cache.dtype == torch.bfloat16
+    dot_in_fp32 = os.environ.get("TRITON_INTERPRET") == "1" and dtype == torch.bfloat16
     block_h = max(16, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_warps, num_stages = _warps_and_stages(q.device)
@@ -196,13 +207,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, context_lens,
         out, part_m, part_l, part_acc,
         scale * LOG2E, sliding_window or 2 ** 30,   # no window: one longer than any context
+        k_scale, v_scale,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, NUM_SPLITS=num_splits,
         DOT_IN_FP32=dot_in_fp32,
-        DOT_PRECISION="ieee" if dot_in_fp32 or k_cache.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if dot_in_fp32 or dtype == torch.float32 else "tf32", FP8=fp8,
         BLOCK_H=block_h, BLOCK_N=tile, BLOCK_D=block_d,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -4,6 +4,8 @@ A sequence's q_len queries are the last q_len of its context_lens tokens, all al
 query position p sees keys j <= p (and j > p - sliding_window). Grid (num_seqs * cdiv(max_query_len,
 BLOCK_M), Hq): one program owns BLOCK_M queries of one sequence and head, and walks key tiles of
 BLOCK_N tokens through the block table with an online softmax in fp32.
+The cache may be fp8 (e4m3) with one scale per tensor (vLLM's uncalibrated default is 1.0): it holds
+x / scale, read as stored * scale.
 """
 from __future__ import annotations
 
@@ -23,10 +25,10 @@ def _prefill_attention_kernel(
     Q, K, V, O, cu_seqlens_q, context_lens, block_tables,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_bt,
-    scale, window, num_q_tiles, group,
+    scale, window, num_q_tiles, group, k_scale, v_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
     seq = tl.program_id(0) // num_q_tiles
     tile = tl.program_id(0) % num_q_tiles
@@ -64,8 +66,12 @@ def _prefill_attention_kernel(
         block = tl.load(block_tables + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_valid, other=0)
         kv_off = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
         kv_mask = n_valid[:, None] & d_valid[None, :]
-        k = tl.load(K + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
-        v = tl.load(V + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(DOT_DTYPE)
+        k = tl.load(K + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if FP8:  # bytes, as store_kv wrote them
+            k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q.dtype.element_ty)
+            v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * v_scale).to(Q.dtype.element_ty)
+        k, v = k.to(DOT_DTYPE), v.to(DOT_DTYPE)
 
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
@@ -78,8 +84,8 @@ def _prefill_attention_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        # p rounded to the cache's dtype, as flash attention does.
-        p = p.to(V.dtype.element_ty).to(DOT_DTYPE)
+        # p rounded to v's dtype (q's for an fp8 cache), as flash attention does.
+        p = p.to(Q.dtype.element_ty if FP8 else V.dtype.element_ty).to(DOT_DTYPE)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -103,12 +109,14 @@ def _tiles(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
                             block_tables: torch.Tensor, max_query_len: int, scale: float,
-                            sliding_window: int | None = None) -> torch.Tensor:
+                            sliding_window: int | None = None, k_scale: float = 1.0,
+                            v_scale: float = 1.0) -> torch.Tensor:
     """Causal attention of prefill chunks (or decodes) over the paged KV cache.
 
     q [T, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D], already holding every context
     token; cu_seqlens_q int32 [S + 1]; context_lens int32 [S]; block_tables int32 [S, max_blocks].
-    Returns [T, Hq, D] in q's dtype.
+    Returns [T, Hq, D] in q's dtype. An fp8 (e4m3) cache is read as stored * k_scale (v_scale);
+    other caches ignore the scales.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -124,15 +132,18 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     dot_dtype = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(q.dtype, tl.float32)
     if os.environ.get("TRITON_INTERPRET") == "1":
         dot_dtype = tl.float32
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    if fp8:  # numpy, under the interpreter, has no fp8: the kernel takes the bytes
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     grid = (num_seqs * num_q_tiles, num_heads)
     _prefill_attention_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens_q, context_lens, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        scale, sliding_window or 0, num_q_tiles, num_heads // num_kv_heads,
+        scale, sliding_window or 0, num_q_tiles, num_heads // num_kv_heads, k_scale, v_scale,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=sliding_window is not None,
-        DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32",
+        DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out

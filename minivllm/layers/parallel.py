@@ -2,7 +2,8 @@
 splits output rows with no communication, `RowParallelLinear` (o_proj, down_proj) splits input
 columns and all-reduces the partial sums, so a decoder layer needs two all-reduces. The vocabulary
 is split by rows, padded when the rank count does not divide it. With one rank these are the plain
-layers. `weight_loader` copies this rank's slice of a checkpoint tensor.
+layers. `weight_loader` copies this rank's slice of a checkpoint tensor. A quantized weight (quantization.py)
+is 8-bit with a `weight_scale` per output row.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.parallel_state import all_gather_last_dim, all_reduce, tp_rank, tp_size
+from .quantization import quantized_linear
 
 
 def init_like_nn_linear(weight: nn.Parameter, bias: nn.Parameter | None) -> None:
@@ -21,6 +23,13 @@ def init_like_nn_linear(weight: nn.Parameter, bias: nn.Parameter | None) -> None
     if bias is not None:
         bound = 1 / math.sqrt(weight.shape[1])
         nn.init.uniform_(bias, -bound, bound)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, weight_scale: torch.Tensor | None):
+    """x @ W.T + bias, W either in the activations' dtype or quantized (8-bit, one scale per output row)."""
+    if weight_scale is None:
+        return F.linear(x, weight, bias)
+    return quantized_linear(x, weight, weight_scale, bias)
 
 
 class ColumnParallelLinear(nn.Module):
@@ -34,10 +43,11 @@ class ColumnParallelLinear(nn.Module):
         self.output_sizes = [rows for _, _, rows in shards]
         self.weight = nn.Parameter(torch.empty(sum(self.output_sizes), input_size))
         self.bias = nn.Parameter(torch.empty(sum(self.output_sizes))) if bias else None
+        self.register_buffer("weight_scale", None)
         init_like_nn_linear(self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.weight_scale)
 
     def checkpoint_shape(self, param: torch.Tensor, shard_id: int) -> tuple[int, ...]:
         full_rows = self.shards[shard_id][0]
@@ -58,11 +68,12 @@ class RowParallelLinear(nn.Module):
         self.input_size_per_rank = input_size // tp_size()
         self.weight = nn.Parameter(torch.empty(output_size, self.input_size_per_rank))
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
+        self.register_buffer("weight_scale", None)
         init_like_nn_linear(self.weight, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The bias is added once, by rank 0.
-        return all_reduce(F.linear(x, self.weight, self.bias if tp_rank() == 0 else None))
+        return all_reduce(linear(x, self.weight, self.bias if tp_rank() == 0 else None, self.weight_scale))
 
     def checkpoint_shape(self, param: torch.Tensor, shard_id=None) -> tuple[int, ...]:
         return (self.output_size, self.input_size) if param.dim() == 2 else (self.output_size,)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
+from ..layers.quantization import quantize_linear_layers
 from .llama import PACKED_WEIGHTS, LlamaForCausalLM
 from .presets import PRESETS
 
@@ -67,14 +68,17 @@ def _create_on(device, dtype):
 
 
 def build_model(cfg: ModelConfig, device, dtype, max_positions: int, folder: Path | None = None,
-                seed: int = 0, backend: str = "torch") -> LlamaForCausalLM:
+                seed: int = 0, backend: str = "torch", quantization: str | None = None) -> LlamaForCausalLM:
     """The model on `device` in `dtype`, its kernels those of `backend` ("torch" or "triton"); the
-    checkpoint's weights from `folder`, or seeded random ones (dummy weights) without a folder."""
+    checkpoint's weights from `folder`, or seeded random ones (dummy weights) without a folder; its linear
+    layers' weights then quantized to `quantization` ("fp8", "int8") if given."""
     torch.manual_seed(seed)  # dummy weights are the same from run to run
     with _create_on(device, dtype):
         model = LlamaForCausalLM(cfg, max_positions, backend)
     if folder is not None:
         load_weights(model, folder)
+    if quantization is not None:
+        quantize_linear_layers(model, quantization)
     return model.eval().requires_grad_(False)
 
 

@@ -112,17 +112,18 @@ class InputBatch(NamedTuple):
 class ModelRunner:
     def __init__(self, model_config, device, dtype, max_model_len: int, block_size: int, max_num_seqs: int,
                  folder=None, seed: int = 0, backend: str = "torch", gpu_memory_limit_bytes: int | None = None,
-                 eos_token_ids=()):
+                 eos_token_ids=(), quantization: str | None = None, kv_cache_dtype: torch.dtype | None = None):
         self.model_config = model_config
         self.device = torch.device(device)
         if self.device.type == "cuda" and tp_size() > 1:
             torch.cuda.set_device(self.device)
         self.dtype = dtype
+        self.kv_cache_dtype = kv_cache_dtype or dtype
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.gpu_memory_limit_bytes = gpu_memory_limit_bytes
-        self.model = build_model(model_config, self.device, dtype, max_model_len, folder, seed, backend)
+        self.model = build_model(model_config, self.device, dtype, max_model_len, folder, seed, backend, quantization)
         self.attn_backend = self.model.attn_backend
         self.sampler = Sampler(self.device, seed, eos_token_ids)
         self.rejection_sampler = RejectionSampler(self.device, self.sampler.generator)
@@ -140,14 +141,19 @@ class ModelRunner:
         self._last_sampled_rows: dict[str, int] = {}
 
     # ---- set-up (every rank runs these) ----
-    def num_kv_blocks_that_fit(self, gpu_memory_utilization: float, max_num_batched_tokens: int) -> int:
-        """KV blocks that fit after the weights and the peak activations of a profiling forward."""
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._profile_run(max_num_batched_tokens)
-        budget = kv_cache_budget_bytes(self.device, gpu_memory_utilization, self.gpu_memory_limit_bytes)
-        budget -= self.graph_memory_bytes
-        num_blocks = budget // kv_bytes_per_token(self.model_config, self.dtype) // self.block_size
+    def num_kv_blocks_that_fit(self, gpu_memory_utilization: float, max_num_batched_tokens: int,
+                               kv_cache_memory_bytes: int | None = None) -> int:
+        """KV blocks in `kv_cache_memory_bytes` if given, else those that fit after the weights and the peak
+        activations of a profiling forward."""
+        if kv_cache_memory_bytes is not None:
+            budget = kv_cache_memory_bytes
+        else:
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+                self._profile_run(max_num_batched_tokens)
+            budget = kv_cache_budget_bytes(self.device, gpu_memory_utilization, self.gpu_memory_limit_bytes)
+            budget -= self.graph_memory_bytes
+        num_blocks = budget // kv_bytes_per_token(self.model_config, self.kv_cache_dtype) // self.block_size
         if tp_size() > 1:  # all ranks use the smallest pool
             fewest = torch.tensor([num_blocks])
             dist.all_reduce(fewest, op=dist.ReduceOp.MIN, group=cpu_group())
@@ -156,7 +162,7 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the KV cache and bind it to the attention layers."""
-        kv = self.kv_caches = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.dtype,
+        kv = self.kv_caches = allocate_kv_cache(self.model_config, num_blocks, self.block_size, self.kv_cache_dtype,
                                                 self.device)
         for layer, (k_cache, v_cache) in zip(self.model.attention_layers(), kv):
             layer.bind_cache(k_cache, v_cache)
