@@ -30,7 +30,8 @@ case "$1" in
     rm -rf "$tmp"; du -sh .gpu1 .gpu2 .gpu3 ;;
   unpack1)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .gpu1/*.whl \
-      && source "${BASH_SOURCE[0]}" env && python3 -m ipykernel install --user --name python3 >/dev/null ;;
+      && source "${BASH_SOURCE[0]}" env \
+      && { [ ! -d $SITE/ipykernel ] || python3 -m ipykernel install --user --name python3 >/dev/null; } ;;
   unpack2)
     [ -d $SITE/nbmake ] || { echo "the wheels are gone (the machine was given back): start again with unpack1"; return 1; }
     mkdir -p /tmp/smol && cp .gpu2/smol.aa /tmp/smol/ && source "${BASH_SOURCE[0]}" env ;;

@@ -21,7 +21,7 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.models.presets import MISTRAL_7B_CONFIG
-from minivllm_lab.bench.metrics import hardware_name
+from minivllm_lab.bench.metrics import hardware_name, source_commit
 from minivllm_lab.bench.word_model import write_word_model
 from minivllm_lab.bench.workloads import w3
 
@@ -86,7 +86,7 @@ finally:
 sweep = json.loads(served.read_text())
 result = {
     "hardware": hardware,
-    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip(),
+    "commit": source_commit(),
     "command": "python scripts/serving_capacity.py",
     "capacity_req_s_default_flags": sweep["capacity_req_s"],
     "w3_offline_tok_s": ids_only["output_tok_s"],

@@ -107,6 +107,9 @@ def test_capacity_is_the_highest_finite_rate_within_the_slo():
     assert capacity([_row(1.0, 0.2, 0.05), _row(2.0, 0.2, 0.05, failed=1)], READING_SPEED_SLO) == 1.0
     assert capacity([_row(1.0, 1.5, 0.05), _row("inf", 0.1, 0.01)], READING_SPEED_SLO) is None
     assert capacity([_row(1.0, None, None, failed=3)], READING_SPEED_SLO) is None
+    # A rate above the first break does not count, even where it passes.
+    broken = [_row(3.0, 0.2, 0.05), _row(1.0, 0.2, 0.05), _row(2.0, 1.5, 0.05)]
+    assert capacity(broken, READING_SPEED_SLO) == 1.0
 
 
 def test_sse_lines_and_chunks():

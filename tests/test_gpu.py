@@ -126,7 +126,8 @@ def test_the_graphs_memory_is_kept_out_of_the_kv_cache(tiny_llama):
     # Same budget, with and without graphs: the graphed engine's pool is smaller by about the graphs' memory.
     pools = {}
     for eager in (True, False):
-        llm = LLM(tiny_llama[0], max_model_len=96, gpu_memory_limit_bytes=2 * 2**30, enforce_eager=eager)
+        llm = LLM(tiny_llama[0], max_model_len=96, gpu_memory_limit_bytes=2 * 2**30, enforce_eager=eager,
+                  max_num_seqs=8, max_num_batched_tokens=256)  # the device-sized defaults would fill 2 GiB
         pools[eager] = llm.llm_engine.get_stats()["num_total_blocks"], llm.llm_engine.runner.graph_memory_bytes
         llm.shutdown()
     (eager_blocks, _), (graphed_blocks, graph_bytes) = pools[True], pools[False]

@@ -22,6 +22,7 @@ Example::
 import json
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -187,6 +188,18 @@ def hardware_name(device: str | None = None) -> str:
         return f"CPU ({model}, {os.cpu_count()} cores)"
     except (OSError, StopIteration):
         return platform.processor() or "CPU"
+
+
+def source_commit() -> str | None:
+    """The commit the code that runs comes from: MINIVLLM_COMMIT where it is set (a copy of a checkout whose .git is
+    not its own, as on a GPU machine), else the checkout's HEAD."""
+    if os.environ.get("MINIVLLM_COMMIT"):
+        return os.environ["MINIVLLM_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _json_default(obj):

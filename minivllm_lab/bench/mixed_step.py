@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import time
 
 import torch
@@ -23,7 +22,7 @@ from minivllm.models.loader import resolve_model
 
 from ..machine import tiny_checkpoint
 from . import roofline
-from .metrics import hardware_name, save_json
+from .metrics import hardware_name, save_json, source_commit
 
 GPU_SIZES = dict(decodes=256, chunk=512, chunks=7, steps=14, runs=5, prompt_len=64)
 SMOKE_SIZES = dict(decodes=4, chunk=8, chunks=5, steps=3, runs=2, prompt_len=5)
@@ -109,8 +108,7 @@ def main(argv=None) -> dict:
     eager = measure(model, dict(engine_args, enforce_eager=True), **sizes)
     result = {
         "hardware": f"{hardware_name()}, {model}" + (", bf16, random weights" if cuda else ", float32"),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip(),
+        "commit": source_commit(),
         "command": "python -m minivllm_lab.bench.mixed_step" + (" --smoke" if args.smoke else ""),
         "decodes": sizes["decodes"], "chunk_tokens": sizes["chunk"],
         "decode_ms": graphed["decode_ms"], "mixed_ms": graphed["mixed_ms"],

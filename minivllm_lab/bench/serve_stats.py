@@ -83,16 +83,21 @@ def summarize_requests(results: list, duration_s: float, slo: dict) -> dict:
 
 
 def capacity(rows: list[dict], slo: dict) -> float | None:
-    """The highest finite rate whose requests all succeeded with p99 TTFT and p99 TPOT within the SLO.
+    """The highest finite rate up to which every rate swept succeeded with p99 TTFT and p99 TPOT within the SLO.
 
-    All-at-once (rate "inf") is left out: a burst of N requests is not a sustained rate, and how it
-    fares depends on N. None if no rate qualifies.
+    The sweep stops counting at the first rate that breaks: a higher rate that happens to pass (an overloaded
+    server whose queue drains differently) is not capacity. All-at-once (rate "inf") is left out: a burst of N
+    requests is not a sustained rate, and how it fares depends on N. None if the lowest rate breaks.
     """
     def sustained(row):
         return (row["failed"] == 0 and row["ttft_p99_s"] is not None and row["ttft_p99_s"] <= slo["ttft_s"]
                 and (row["tpot_p99_s"] is None or row["tpot_p99_s"] <= slo["tpot_s"]))
-    rates = [float(row["rate"]) for row in rows if math.isfinite(float(row["rate"])) and sustained(row)]
-    return max(rates, default=None)
+    best = None
+    for row in sorted((r for r in rows if math.isfinite(float(r["rate"]))), key=lambda r: float(r["rate"])):
+        if not sustained(row):
+            break
+        best = float(row["rate"])
+    return best
 
 
 def _ms(value) -> str:
