@@ -45,7 +45,7 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor
     if not x.is_cuda:
         y = F.linear(x, qweight.to(x.dtype)) * scale.to(x.dtype)
     elif qweight.dtype == torch.float8_e4m3fn and x.shape[0] >= SCALED_MM_MIN_TOKENS:
-        y = _scaled_mm_fp8(x, qweight, scale)
+        y = fp8_scaled_mm(x, qweight, scale)
     else:
         from ..kernels import w8_matmul  # triton: imported only on a GPU
         y = w8_matmul(x.contiguous(), qweight, scale)
@@ -54,7 +54,7 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor
     return y.reshape(*shape[:-1], y.shape[-1])
 
 
-def _scaled_mm_fp8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def fp8_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """W8A8: x quantized to e4m3 with one scale per token, both scales applied by the matmul's epilogue."""
     x_scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
     x_q = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
