@@ -43,7 +43,7 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor
     shape = x.shape
     x = x.reshape(-1, shape[-1])
     if not x.is_cuda:
-        y = F.linear(x, qweight.to(x.dtype)) * scale.to(x.dtype)
+        y = (F.linear(x, qweight.to(x.dtype)).float() * scale).to(x.dtype)
     elif qweight.dtype == torch.float8_e4m3fn and x.shape[0] >= SCALED_MM_MIN_TOKENS:
         y = fp8_scaled_mm(x, qweight, scale)
     else:
