@@ -50,3 +50,35 @@ def quantization_gates(model: str = "smollm2-135m", text: str | None = None, con
         results[name] = {"top1_agreement": sum(a == b for a, b in zip(top1, ref_top1)) / len(top1),
                          "perplexity": ppl, "perplexity_change": ppl / ref_ppl - 1, "positions": len(top1)}
     return results
+
+
+def main(argv=None) -> dict:
+    """The gates on SmolLM2 (float32 on a CPU), and bfloat16 without quantization against the same reference: the
+    agreement that rounding the activations alone costs."""
+    import argparse
+
+    from .bench.metrics import hardware_name, save_json, source_commit
+    parser = argparse.ArgumentParser(description="quantization's accuracy gates, teacher-forced on SmolLM2")
+    parser.add_argument("--out", default="bench-results/17_accuracy.json")
+    args = parser.parse_args(argv)
+    gates = quantization_gates("smollm2-135m", dtype="float32", device="cpu")
+    reference = LLM("smollm2-135m", dtype="float32", device="cpu", max_model_len=1024, num_kv_blocks=128)
+    token_ids = reference.tokenizer.encode(GATES_TEXT.read_text())
+    ref_top1, ref_logprobs = teacher_forced(reference, token_ids)
+    bf16 = LLM("smollm2-135m", dtype="bfloat16", device="cpu", max_model_len=1024, num_kv_blocks=128)
+    top1, logprobs = teacher_forced(bf16, token_ids)
+    gates["bfloat16, unquantized"] = {
+        "top1_agreement": sum(a == b for a, b in zip(top1, ref_top1)) / len(top1),
+        "perplexity": perplexity(logprobs), "perplexity_change": perplexity(logprobs) / perplexity(ref_logprobs) - 1,
+        "positions": len(top1)}
+    result = {"hardware": hardware_name("cpu"), "commit": source_commit(), "model": "smollm2-135m (float32 reference)",
+              "command": "python -m minivllm_lab.accuracy", "text": GATES_TEXT.name, "gates": gates}
+    save_json(args.out, result)
+    for name, row in gates.items():
+        print(f"{name:>22}: top-1 agreement {row['top1_agreement']:.3f}, perplexity {row['perplexity']:.3f} "
+              f"({100 * row['perplexity_change']:+.2f}%)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
