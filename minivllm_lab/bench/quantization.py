@@ -212,6 +212,7 @@ def main(argv=None) -> dict:
         save_json(args.out, result)
         return result
     result["batch1_decode"] = batch1_decode(model, engine_args, configs, bandwidth, steps=10 if args.smoke else 100)
+    save_json(args.out, result)  # each part as it comes: a run cut short keeps what it measured
     if not args.t4:
         kv = {name: row["num_kv_blocks"] for name, row in result["batch1_decode"].items()}
         result["kv_blocks_at_equal_memory"] = {"kv_cache_memory_bytes": KV_MEMORY, **kv}
@@ -219,9 +220,11 @@ def main(argv=None) -> dict:
         works = [w2(shape.vocab_size, **small), w3_offline(shape.vocab_size, **small)]
         result["offline"] = offline(model, engine_args, {k: configs[k] for k in ("unquantized", "fp8 + fp8 KV")
                                                          if k in configs}, works)
+        save_json(args.out, result)
     kinds = ("int8", "fp8") if fp8 else ("int8",)
     result["linear_kernels"] = linear_kernels(shape, dtype, bandwidth, TOKENS[:3] if args.smoke else TOKENS, kinds)
     result["decode_attention_kernel"] = decode_attention_kernel(shape, dtype, bandwidth, fp8)
+    save_json(args.out, result)
     if not args.t4 and not args.smoke:
         with tempfile.TemporaryDirectory() as tmp:
             result["t4_profile"] = t4_profile(os.path.join(tmp, "t4.json"))
