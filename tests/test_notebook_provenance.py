@@ -3,7 +3,7 @@
 Every executed notebook prints one line `minivllm-env: {json}` (minivllm_lab.notebook.setup) naming the
 commit it ran at. From that line and git this checks that:
 
-(a) every notebook 00..16 has the line, once;
+(a) every notebook 00..17 has the line, once;
 (b) all of them name the same commit: the series was run as one;
 (c) at that commit the notebook's code cells were what they are now: no cell edited after the run;
 (d) the cells ran once each, in order (execution counts 1, 2, ..., N): none re-run by hand, none skipped;
@@ -26,7 +26,6 @@ from minivllm_lab.notebook import code_cell_sources
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ENV_PREFIX = "minivllm-env: "
-each_notebook = pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem[:2] for p in NOTEBOOKS])
 # Issues 30 (the engine in vLLM v1's shape) and 31 (mixed steps graphed, defaults by device) changed code cells of
 # these notebooks, and 31 added cells (never run) and a figure (not made yet) to notebook 11; the series is
 # re-executed from one commit under issue 33. strict: once it is, (c), (d) and (e) pass for them, pytest reports
@@ -36,14 +35,25 @@ NEEDS_RE_RUN = pytest.mark.xfail(strict=True, raises=AssertionError,
                                  "from one commit (issue 33), then remove this mark")
 EDITED_SINCE_THE_RUN = {"04", "06", "08", "09", "11", "12", "13", "15", "16"}
 CELLS_ADDED_SINCE_THE_RUN = {"11"}
+# Issue 32 added notebook 17 (quantization) after that run, committed without outputs: it has no minivllm-env line
+# and no execution counts until the series is re-executed from one commit (issue 33). Every check is expected to
+# fail for it, strictly: once it has run, whoever re-ran the series empties this set.
+NOT_RUN = pytest.mark.xfail(strict=True, raises=AssertionError,
+                            reason="added by issue 32 without outputs: execute it with the whole series (issue 33), "
+                            "then remove it from NOT_RUN_YET")
+NOT_RUN_YET = {"17"}
 
 
 def marked(expected_to_fail: set[str]):
-    return pytest.mark.parametrize(
-        "path", [pytest.param(p, marks=NEEDS_RE_RUN if p.stem[:2] in expected_to_fail else ()) for p in NOTEBOOKS],
-        ids=[p.stem[:2] for p in NOTEBOOKS])
+    def marks(p):
+        if p.stem[:2] in NOT_RUN_YET:
+            return NOT_RUN
+        return NEEDS_RE_RUN if p.stem[:2] in expected_to_fail else ()
+    return pytest.mark.parametrize("path", [pytest.param(p, marks=marks(p)) for p in NOTEBOOKS],
+                                   ids=[p.stem[:2] for p in NOTEBOOKS])
 
 
+each_notebook = marked(set())
 each_notebook_edited_expected_to_fail = marked(EDITED_SINCE_THE_RUN)
 
 
@@ -70,8 +80,8 @@ def in_a_checkout():
         pytest.skip("not a git checkout")
 
 
-def test_the_series_is_00_to_16():
-    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(17)]
+def test_the_series_is_00_to_17():
+    assert [p.name[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(18)]
 
 
 @each_notebook
@@ -80,7 +90,7 @@ def test_a_notebook_says_once_what_ran_it(path):  # (a)
 
 
 def test_all_notebooks_ran_at_one_commit():  # (b)
-    commits = {path.name: env_of(path)["commit"] for path in NOTEBOOKS}
+    commits = {path.name: env_of(path)["commit"] for path in NOTEBOOKS if path.stem[:2] not in NOT_RUN_YET}
     assert len(set(commits.values())) == 1, commits
 
 

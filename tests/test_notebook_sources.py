@@ -44,9 +44,22 @@ STALE_UNTIL_RE_RUN = {"01-cell10", "01-cell13", "01-cell18", "01-cell21", "01-ce
                       "10-cell19", "10-cell21", "10-cell25", "10-cell27", "11-cell13", "11-cell15", "11-cell17",
                       "11-cell19", "12-cell9", "12-cell11", "12-cell13", "13-cell7", "14-cell9", "14-cell11",
                       "14-cell13", "15-cell8", "15-cell12",
-                      "11-cell33"}  # issue 31: notebook 11's piecewise graphs, printed once the series re-runs
-SOURCE_CELLS = [pytest.param(path, index, id=f"{path.stem[:2]}-cell{index}",
-                             marks=STALE if f"{path.stem[:2]}-cell{index}" in STALE_UNTIL_RE_RUN else ())
+                      "11-cell33",  # issue 31: notebook 11's piecewise graphs, printed once the series re-runs
+                      "02-cell13"}  # issue 32: attention's forward gained the fp8 KV cache's scales
+# Issue 32 added notebook 17 without outputs: its cells have printed nothing yet. strict: once the series is
+# re-executed (issue 33), they pass, and whoever re-ran it empties NOT_RUN_YET.
+NOT_RUN = pytest.mark.xfail(strict=True, raises=AssertionError,
+                            reason="a notebook committed without outputs (issue 32): execute the series, then remove")
+NOT_RUN_YET = {"17"}
+
+
+def marks(path: Path, index: int):
+    if path.stem[:2] in NOT_RUN_YET:
+        return NOT_RUN
+    return STALE if f"{path.stem[:2]}-cell{index}" in STALE_UNTIL_RE_RUN else ()
+
+
+SOURCE_CELLS = [pytest.param(path, index, id=f"{path.stem[:2]}-cell{index}", marks=marks(path, index))
                 for path, index, cell in code_cells() if "print_source(" in "".join(cell["source"])]
 
 
