@@ -75,7 +75,7 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
     from .engine.async_llm import AsyncLLM
-    from .engine.core import freeze_startup_objects
+    from .engine.core import freeze_startup_objects, unfreeze_startup_objects
     from .server.api_server import build_app
 
     engine_args = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if f.name != "model"}
@@ -112,6 +112,7 @@ def serve(args: argparse.Namespace) -> None:
             signal.signal(sig, handler)
         died = engine.error
         engine.shutdown()
+        unfreeze_startup_objects()
     if died is not None:
         print(f"minivllm serve: {died}; exiting", file=sys.stderr)
         sys.exit(1)

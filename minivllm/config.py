@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from .utils import plural, warning_once
+
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 logger = logging.getLogger("minivllm")
 
@@ -155,7 +157,8 @@ class SpeculativeConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - names)
         if unknown:
-            raise ValueError(f"speculative_config: unknown key(s) {unknown}; the keys are {sorted(names)}")
+            raise ValueError(f"speculative_config: unknown {'key' if len(unknown) == 1 else 'keys'} {unknown}; "
+                             f"the keys are {sorted(names)}")
         if value.get("method") not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative_config['method'] must be one of {SPECULATIVE_METHODS}, "
                              f"got {value.get('method')!r}")
@@ -260,8 +263,8 @@ class EngineConfig:
                                  "combine with tensor_parallel_size > 1 (the 'ngram' method does)")
             if self.async_scheduling:
                 # A step's proposals depend on the tokens the previous step accepted.
-                logger.warning("speculative decoding runs the CPU's work and the GPU's one after the other: "
-                               "async_scheduling is turned off")
+                warning_once(logger, "speculative decoding runs the CPU's work and the GPU's one after the other: "
+                                     "async_scheduling is turned off")
                 self.async_scheduling = False
 
     @property
@@ -306,7 +309,9 @@ def _check_device(device) -> str:
         if not torch.cuda.is_available():
             raise ValueError(f"device={device!r} but no CUDA GPU is visible here; use device='cpu'")
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise ValueError(f"device={device!r} but only {torch.cuda.device_count()} GPU(s) are visible")
+            count = torch.cuda.device_count()
+            raise ValueError(f"device={device!r} but only {plural(count, 'GPU')} {'is' if count == 1 else 'are'} "
+                             "visible")
     elif parsed.type != "cpu":
         raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
     return str(device)
@@ -317,5 +322,6 @@ def engine_config(caller: str, model, engine_args: dict) -> EngineConfig:
     names = [f.name for f in fields(EngineConfig) if f.name != "model"]
     unknown = sorted(set(engine_args) - set(names))
     if unknown:
-        raise TypeError(f"{caller}() got unknown keyword argument(s) {unknown}; the engine's keywords are {names}")
+        raise TypeError(f"{caller}() got unknown keyword {'argument' if len(unknown) == 1 else 'arguments'} "
+                        f"{unknown}; the engine's keywords are {names}")
     return EngineConfig(model=str(model), **engine_args)

@@ -16,7 +16,7 @@ from .config import engine_config
 from .engine.llm_engine import LLMEngine
 from .outputs import RequestOutput
 from .sampling_params import RequestOutputKind, SamplingParams
-from .utils import progress
+from .utils import plural, progress
 
 
 class LLM:
@@ -40,7 +40,8 @@ class LLM:
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
+            params = plural(len(sampling_params), "SamplingParams", "SamplingParams")
+            raise ValueError(f"{plural(len(prompts), 'prompt')} but {params}")
         engine = self.llm_engine
         final_only = {}  # only each request's last output is wanted: no output is built before it (as vLLM)
         ids = []

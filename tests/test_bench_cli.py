@@ -1,6 +1,8 @@
 """The benchmark CLI runs every engine and the ablation end to end (smoke sizes, CPU) and
 writes its JSON and plot; a failed engine makes it exit non-zero, after saving what it measured."""
 import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -75,3 +77,25 @@ def test_cli_runs_w1_w2_and_w3_offline(tiny_llama, tmp_path, capsys):
         ("minivllm", "W1"), ("minivllm", "W2"), ("minivllm", "W3-offline"),
         ("transformers static batch", "W1"), ("transformers static batch", "W3-offline")]
     assert "W2: skipping hf-static" in capsys.readouterr().out
+
+
+def test_without_the_bench_extra_the_error_says_what_to_install():
+    # As if matplotlib, httpx and jsonschema were not installed: each command's --help (and an import of the
+    # serving plot) names the extra, not only the missing module.
+    modules = ["minivllm_lab.bench", "minivllm_lab.bench.serve", "minivllm_lab.bench.serve_overhead",
+               "minivllm_lab.bench.serve_plot"]
+    script = f"""
+import runpy, sys
+for name in ("matplotlib", "httpx", "jsonschema"):
+    sys.modules[name] = None
+for module in {modules!r}:
+    sys.argv = [module, "--help"]
+    try:
+        runpy.run_module(module, run_name="__main__")
+    except ModuleNotFoundError as e:
+        print(module, "->", e)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    lines = run.stdout.splitlines()
+    assert [line.split(" -> ")[0] for line in lines] == modules, run.stdout + run.stderr
+    assert all("pip install -e '.[bench]'" in line for line in lines), run.stdout

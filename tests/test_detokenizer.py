@@ -67,3 +67,20 @@ def test_stop_string_across_tokens(llm):
     for t in ids[:hits.index(True) + 1]:
         detok.add(t)
     assert detok.text == "Hel"
+
+
+def test_a_config_asking_for_clean_up_decodes_the_text_as_it_was(tmp_path):
+    # Llama 3's tokenizer_config.json says clean_up_tokenization_spaces=True: transformers skips that clean-up
+    # for BPE (it would strip the spaces before punctuation) and warns; the loader says False, so no warning.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from minivllm.models.loader import load_tokenizer
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    bpe = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=bpe, clean_up_tokenization_spaces=True).save_pretrained(tmp_path)
+    tok = load_tokenizer(tmp_path)
+    assert tok.clean_up_tokenization_spaces is False
+    text = "x != y , z . (a ' b)"
+    assert tok.decode(tok.encode(text)) == text

@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable
 
 import msgspec
@@ -38,6 +37,7 @@ from ..models.loader import generation_eos_ids, load_tokenizer, resolve_model
 from ..outputs import EngineCoreOutput
 from ..spec_decode import DraftSlots
 from ..structured_output import StructuredOutputManager
+from ..utils import warning_once
 from ..worker.model_runner import SampledTokens
 from .core_messages import (
     AbortRequests,
@@ -88,7 +88,7 @@ class EngineCore:
         prefix_caching = config.enable_prefix_caching and config.enable_paged_kv
         if prefix_caching and cfg.sliding_window is not None:
             # As vLLM did: blocks released outside the window break the chain of cached prefix blocks.
-            warnings.warn("prefix caching is turned off for models with a sliding window")
+            warning_once(logger, "prefix caching is turned off for models with a sliding window")
             prefix_caching = False
         block_size = config.block_size if config.enable_paged_kv else max_model_len
         eos_token_ids = generation_eos_ids(cfg, source.folder)
@@ -255,9 +255,16 @@ def make_engine_core(config: EngineConfig) -> EngineCore:
 
 def freeze_startup_objects() -> None:
     """Move every object alive now (the model, the modules) out of the garbage collector's sight, so a full
-    collection does not pause the busy loop (vLLM does the same after startup)."""
+    collection does not pause the busy loop (vLLM does the same after startup). `unfreeze_startup_objects`
+    gives them back at shutdown."""
     gc.collect()
     gc.freeze()
+
+
+def unfreeze_startup_objects() -> None:
+    """At shutdown: a frozen object is never freed, not even when the interpreter exits, and Triton's
+    extension (nanobind) reports each of its objects still alive then as a leak, some 30 lines on stderr."""
+    gc.unfreeze()
 
 
 class EngineCoreProc:
@@ -420,6 +427,7 @@ def run_engine_core(input_address: str, output_address: str, config: EngineConfi
     finally:
         if core is not None:
             core.shutdown()
+        unfreeze_startup_objects()
         outbox.put(None)
         sender.join()
         push.close()

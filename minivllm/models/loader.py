@@ -141,7 +141,10 @@ def load_tokenizer(folder: Path | None):
                                                                    "tokenizer.model")):
         return None
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(folder)
+    # Llama 3's tokenizer_config.json, among others, sets clean_up_tokenization_spaces=True, a clean-up for
+    # WordPiece that would strip real spaces ("x != y" -> "x!= y"): transformers skips it for a BPE tokenizer,
+    # as every Llama/Mistral one is, and warns at the first decode. False is what it does, without the warning.
+    return AutoTokenizer.from_pretrained(folder, clean_up_tokenization_spaces=False)
 
 
 def generation_eos_ids(cfg: ModelConfig, folder: Path | None) -> list[int]:

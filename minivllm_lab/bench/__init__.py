@@ -6,3 +6,15 @@
 - ``roofline``: what the hardware allows (bytes / bandwidth, FLOPs / matmul rate), so that every measured
   number can be given as a fraction of the limit.
 """
+from contextlib import contextmanager
+
+
+@contextmanager
+def bench_extra():
+    """Around an import of what the bench extra installs (matplotlib, httpx, jsonschema): without it, the error
+    says what to install, not only what is missing."""
+    try:
+        yield
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(f"{e}: the benchmarks need minivllm's bench extra: pip install -e '.[bench]' in a "
+                                  "clone (pip install 'minivllm[bench]' elsewhere)", name=e.name) from None

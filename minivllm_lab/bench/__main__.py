@@ -37,11 +37,12 @@ import torch
 
 from minivllm.llm import LLM
 from minivllm.models.loader import resolve_model
+from minivllm.utils import plural
 
 from ..baselines import hf_model_for
 from ..machine import default_model, free_memory
 from . import roofline, runners
-from .metrics import format_table, hardware_name, median, save_json
+from .metrics import format_seconds, format_table, hardware_name, median, save_json
 from .plots import plot_bench
 from .profile import decode_step_profile, decode_step_times_ms
 from .workloads import base_workload, w1, w2, w3_offline
@@ -110,8 +111,8 @@ def measure(rows: list[dict], engine: str, workload: str, run) -> None:
     whole GPU run."""
     try:
         row = run()
-        print(f"{row['engine']}, {row['workload']}: {row['output_tok_s']:,.0f} tok/s in {row['wall_s']:.1f} s",
-              flush=True)
+        print(f"{row['engine']}, {row['workload']}: {row['output_tok_s']:,.0f} tok/s in "
+              f"{format_seconds(row['wall_s'])}", flush=True)
         rows.append(row)
     except Exception as error:  # noqa: BLE001 - reported in the table and the JSON, not hidden
         traceback.print_exc()
@@ -180,7 +181,8 @@ def print_decode(decode: dict, ceilings: dict) -> None:
             # overhead = wall time with no GPU kernel running: the CPU's share of the step.
             print(f"{name} (batch {p['batch']} x {p['context']}): wall {p['wall_ms']:.2f} ms, GPU kernels "
                   f"{p['gpu_ms']:.2f} ms, overhead {p['overhead_ms']:.2f} ms ({100 * p['overhead_fraction']:.0f}%),"
-                  f" {p['kernels_per_step']:.0f} kernels and {p['host_launches_per_step']:.0f} launches per step")
+                  f" {plural(round(p['kernels_per_step']), 'kernel')} and "
+                  f"{plural(round(p['host_launches_per_step']), 'launch', 'launches')} per step")
 
 
 def main(argv=None):

@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+from . import bench_extra
+
 # The sweeps: what grows along each curve. Elementwise kernels: tokens in the step; decode attention:
 # sequences of DECODE_CONTEXT tokens; prefill attention: the length of one prompt, computed in one chunk.
 TOKENS = [16, 64, 256, 1024, 4096, 16384]
@@ -221,7 +223,8 @@ X_LABELS = {"decode attention": "batch (sequences of {context} tokens)", "prefil
 def plot_kernel_bench(result: dict, path: str, title: str | None = None) -> str:
     """One panel per kernel: throughput vs size, the Triton kernel and its torch reference, with the
     measured ceiling dashed (bandwidth in GB/s; for prefill attention the matmul rate in TFLOP/s)."""
-    import matplotlib.pyplot as plt
+    with bench_extra():
+        import matplotlib.pyplot as plt
     kernels = list(dict.fromkeys(r["kernel"] for r in result["rows"]))
     ceil = result["ceilings"]
     fig, axes = plt.subplots(2, -(-len(kernels) // 2), figsize=(5 * -(-len(kernels) // 2), 8), squeeze=False)

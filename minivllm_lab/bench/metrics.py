@@ -160,6 +160,15 @@ def _cell(value) -> str:
     return str(value)
 
 
+def format_seconds(seconds: float) -> str:
+    """A duration with digits that say something: '12.3 s', '0.4 s', '35 ms', '<1 ms' (never '0.0 s')."""
+    if seconds >= 0.095:  # from here on it rounds to 0.1 s or more
+        return f"{seconds:.1f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.0f} ms"
+    return "<1 ms"
+
+
 def format_table(rows: list[dict], columns: list[str]) -> str:
     """A plain-text table of ``rows`` (dicts) showing ``columns``; missing values print as '-'.
 

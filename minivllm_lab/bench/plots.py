@@ -5,9 +5,11 @@ and the ablation (everything on, then one optimization off at a time).
 """
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
-
+from . import bench_extra
 from .workloads import base_workload
+
+with bench_extra():
+    import matplotlib.pyplot as plt
 
 
 def plot_bench(result: dict, path: str) -> str:

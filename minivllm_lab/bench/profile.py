@@ -88,9 +88,13 @@ def decode_step_profile(llm, batch: int, context: int, steps: int = 5, top: int 
     gpu_us = sum(e.self_device_time_total for e in events)
     kernels = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:top]
     gpu_ms = gpu_us / 1e3 / steps
+    # wall_ms and gpu_ms come from different steps (the median of bare ones, the mean of profiled ones), and
+    # the sum counts twice what ran side by side (a copy on the copy stream beside a kernel): when the GPU is
+    # busy the whole step, gpu_ms can come out a little above wall_ms. Time without a kernel is then 0.
+    overhead_ms = max(0.0, wall_ms - gpu_ms)
     return {
         "batch": batch, "context": context, "wall_ms": wall_ms, "gpu_ms": gpu_ms,
-        "overhead_ms": wall_ms - gpu_ms, "overhead_fraction": 1 - gpu_ms / wall_ms,
+        "overhead_ms": overhead_ms, "overhead_fraction": overhead_ms / wall_ms,
         "kernels_per_step": sum(e.count for e in events) / steps,
         "host_launches_per_step": launches / steps,
         "top_kernels": [{"name": e.key[:80], "ms_per_step": e.self_device_time_total / 1e3 / steps}

@@ -29,15 +29,17 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import httpx
-
 from minivllm.utils import progress
 
+from . import bench_extra
 from .metrics import format_table, hardware_name, save_json
 from .serve_client import ENDPOINTS, chat_payload, completions_payload, raise_open_file_limit, send_request
 from .serve_plot import plot_serving
 from .serve_stats import READING_SPEED_SLO, arrival_times, capacity, format_report, summarize_requests
 from .workloads import w3
+
+with bench_extra():
+    import httpx
 
 # W3's sizes spelled out, so that the JSON records them; --num-prompts sets the number of requests.
 SIZES = dict(system_len=128, min_user=16, max_user=256, output_len=150)

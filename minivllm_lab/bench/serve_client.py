@@ -16,8 +16,12 @@ import resource
 import time
 from dataclasses import dataclass, field
 
-import httpx
 import msgspec
+
+from . import bench_extra
+
+with bench_extra():
+    import httpx
 
 _decode_json = msgspec.json.Decoder().decode
 DONE = "[DONE]"

@@ -44,11 +44,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
+from . import bench_extra
 from .metrics import _stats, format_table, hardware_name, save_json
 from .serve_client import ENDPOINTS, chat_payload, completions_payload, raise_open_file_limit, send_request
 from .word_model import write_word_model
+
+with bench_extra():
+    import httpx
 
 MODEL_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 2048, "hidden_size": 64,
@@ -186,9 +188,11 @@ def median_run(runs: list[dict]) -> dict:
 def measure(args, folder: Path, prompts: list[list[int]]) -> list[dict]:
     """Offline and every served run, `--repeats` rounds, interleaved: a machine that slows down for a
     while (a shared VM, a CPU that warms up) slows every row alike, and each row is its median."""
+    from minivllm.engine.core import unfreeze_startup_objects
     from minivllm.server.launcher import running_server
 
     with contextlib.ExitStack() as stack:
+        stack.callback(unfreeze_startup_objects)  # offline_runner froze this process's objects
         offline = offline_runner(args, folder)
         urls = {mode: stack.enter_context(running_server(
                     [str(folder), *serve_flags(engine_args(args)), MODES[mode], "--log-level", "warning"],
@@ -210,7 +214,8 @@ def measure(args, folder: Path, prompts: list[list[int]]) -> list[dict]:
 
 def plot(result: dict, path: str) -> str:
     """Served/offline throughput and the p99 (and median) inter-token gap of each mode and endpoint."""
-    import matplotlib
+    with bench_extra():
+        import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib.pyplot as plt
+from . import bench_extra
+
+with bench_extra():
+    import matplotlib.pyplot as plt
 
 # (color, line style, marker) of the 1st, 2nd, ... server: told apart in black and white too.
 STYLES = [("tab:orange", "-", "o"), ("tab:gray", "--", "s"), ("tab:blue", ":", "^"), ("tab:green", "-.", "D")]

@@ -40,6 +40,7 @@ from minivllm import LLM, SamplingParams, StructuredOutputsParams
 from minivllm.models.loader import resolve_model
 from minivllm.models.presets import MISTRAL_7B_CONFIG
 
+from . import bench_extra
 from .metrics import format_table, hardware_name, median, save_json
 
 LONG_STRING = {"type": "object", "properties": {"answer": {"type": "string", "minLength": 400}},
@@ -157,7 +158,8 @@ def w1_throughput(llm, repeats: int) -> list[dict]:
 
 
 def valid_json_rate(llm, n: int, max_tokens: int, seed: int = 0) -> list[dict]:
-    import jsonschema
+    with bench_extra():
+        import jsonschema
 
     rng = random.Random(seed)
     prompts = [[{"role": "user", "content": f"Describe {rng.choice(TOPICS)} as a JSON object with the keys "
