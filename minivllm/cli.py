@@ -14,7 +14,9 @@ import signal
 import sys
 import typing
 
-from .config import EngineConfig
+from .config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig
+
+CHOICES = {"quantization": QUANTIZATIONS, "kv_cache_dtype": KV_CACHE_DTYPES}  # shown by --help, checked by argparse
 
 
 def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +25,7 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
         if f.name == "model":
             continue
         flag, kind = "--" + f.name.replace("_", "-"), hints[f.name]
-        if kind is bool:
+        if kind is bool or kind == bool | None:  # None: the engine decides (e.g. prefix caching off for a window)
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
             # `int | None` -> int: the flag's value is parsed, None stays the default.
@@ -31,7 +33,8 @@ def _add_engine_flags(parser: argparse.ArgumentParser) -> None:
             if base is dict:  # a JSON object, as vLLM's --speculative-config takes it
                 parser.add_argument(flag, type=json.loads, default=f.default, metavar="JSON")
             else:
-                parser.add_argument(flag, type=base, default=f.default, metavar=base.__name__.upper())
+                parser.add_argument(flag, type=base, default=f.default, choices=CHOICES.get(f.name),
+                                    metavar=base.__name__.upper() if f.name not in CHOICES else None)
 
 
 def build_parser() -> argparse.ArgumentParser:

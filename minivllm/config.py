@@ -198,15 +198,16 @@ class EngineConfig:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool | None = None  # None: on, unless the model has a sliding window
     enable_chunked_prefill: bool = True
     # Ablation switches: a contiguous cache (one max_model_len block per sequence), static batching.
     enable_paged_kv: bool = True
     enable_continuous_batching: bool = True
     attention_backend: str = "auto"
     enforce_eager: bool = False
-    # vLLM's async scheduling: the CPU prepares step n+1 while the GPU runs step n.
-    async_scheduling: bool = True
+    # vLLM's async scheduling: the CPU prepares step n+1 while the GPU runs step n. None: on, unless speculative
+    # decoding needs it off.
+    async_scheduling: bool | None = None
     tensor_parallel_size: int = 1
     # A dict of SpeculativeConfig's fields, or None.
     speculative_config: dict | None = None
@@ -261,11 +262,13 @@ class EngineConfig:
             if self.speculative_config.method == "draft_model" and self.tensor_parallel_size > 1:
                 raise ValueError("a draft model runs on rank 0 alone: speculative_config's 'draft_model' does not "
                                  "combine with tensor_parallel_size > 1 (the 'ngram' method does)")
-            if self.async_scheduling:
+            if self.async_scheduling:  # asked for, explicitly
                 # A step's proposals depend on the tokens the previous step accepted.
                 warning_once(logger, "speculative decoding runs the CPU's work and the GPU's one after the other: "
                                      "async_scheduling is turned off")
-                self.async_scheduling = False
+            self.async_scheduling = False
+        elif self.async_scheduling is None:
+            self.async_scheduling = True
 
     @property
     def num_speculative_tokens(self) -> int:

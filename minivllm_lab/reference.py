@@ -1,23 +1,25 @@
-"""The committed run's numbers, beside the reader's: "yours vs the H200", each column named by its hardware.
+"""The committed run's headline numbers beside this run's, each column named by its hardware.
 
-The notebooks were executed on an NVIDIA H200 and their committed JSON (`figures/<name>.json`) holds that
-run's numbers. A reader runs them on another GPU or a laptop CPU, where every number differs. So a
-notebook's prose should not quote the H200's numbers as if they were the reader's: its sentences print
-this run's numbers, and the committed run's stand beside them as a labelled reference.
+The committed notebooks are one run of the series on an NVIDIA H200: their outputs are that run, and its
+numbers are saved in `figures/<name>.json`. A reader who runs a notebook elsewhere (a T4, a laptop CPU)
+replaces those outputs with their own, so a notebook reads the committed JSON first and prints a small table
+of this run beside it. The run that makes the committed outputs sets MINIVLLM_REFERENCE_RUN=1
+(scripts/gpu_notebooks.sh does): it is the committed run, and its tables have one column.
 
-    >>> ref = load_reference("00_baseline")   # first thing in the notebook: its own run overwrites the file
-    >>> print(ref.table([("output tok/s", summary["output_tok_s"], "summary.output_tok_s")], env.hardware))
-    metric        yours (CPU (AMD EPYC, 2 cores))   committed (NVIDIA H200)
-    output tok/s  4.1                               17.7
+    >>> committed = load_reference("00_baseline")   # first thing in the notebook: its own run overwrites the file
+    >>> print(committed.beside(mine, [("output tok/s", "summary.output_tok_s")]))
+    metric        this run (CPU (AMD EPYC, 2 cores))   committed run (NVIDIA H200)
+    output tok/s  4.1                                  17.7
 
 Where the committed numbers come from: in a clone, the repository's `figures/` folder; where only the
 notebook was opened (Colab), the same file from the repository's raw URL (pyproject.toml's
 `[project.urls] Repository`, which the installed package's metadata also carries); offline, nothing,
-and the reference says so instead of failing the notebook.
+and the table says so instead of failing the notebook.
 """
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 import tomllib
 import urllib.request
@@ -26,6 +28,12 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MISSING = "n/a"  # what a table or a sentence shows where the committed run has no number
+REFERENCE_RUN_VARIABLE = "MINIVLLM_REFERENCE_RUN"
+
+
+def this_is_the_reference_run() -> bool:
+    """True in the run whose outputs are committed (MINIVLLM_REFERENCE_RUN=1): it has no other run beside it."""
+    return os.environ.get(REFERENCE_RUN_VARIABLE) == "1"
 
 
 def repository_url() -> str | None:
@@ -55,10 +63,12 @@ def raw_url(name: str, repository: str | None = None, branch: str = "main") -> s
 
 @dataclass
 class Reference:
-    """One committed run: its JSON (None if it could not be had) and where it came from, or why not."""
+    """One committed run: its JSON (None if it could not be had, or if this run is the committed one) and where
+    it came from, or why not."""
     name: str
     data: dict | None
     where: str
+    is_this_run: bool = False
 
     @property
     def found(self) -> bool:
@@ -81,42 +91,30 @@ class Reference:
         return _format(self.value(key), spec)
 
     def table(self, rows, yours: str, spec: str = ",.1f") -> str:
-        """A small table, one row per (label, your value, key of the committed value[, format]); the
-        columns are named by their hardware. Returned as text, to print."""
-        header = ["metric", f"yours ({yours})", f"committed ({self.hardware})"]
+        """A small table, one row per (label, this run's value, key of the committed value[, format]); the
+        columns are named by their hardware, the committed one left out in the committed run itself.
+        Returned as text, to print."""
+        header = ["metric", f"this run ({yours})"] + ([] if self.is_this_run else [f"committed run ({self.hardware})"])
         lines = []
         for label, mine, key, *row_spec in rows:  # a row's own format (".0%") wins over the table's
             fmt = row_spec[0] if row_spec else spec
-            lines.append([label, _format(mine, fmt), self.fmt(key, fmt)])
-        widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]
+            lines.append([label, _format(mine, fmt)] + ([] if self.is_this_run else [self.fmt(key, fmt)]))
+        widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
         text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
                 for line in [header, *lines]]
-        if not self.found:
+        if not self.found and not self.is_this_run:
             text.append(f"(no committed numbers: {self.where})")
         return "\n".join(text)
 
     def beside(self, run: dict, rows, yours: str | None = None, spec: str = ",.1f") -> str:
         """`table` for a run saved in the same form as the committed one (the notebook's own JSON, just
         written): rows of (label, key[, format]), each key looked up in both runs."""
-        yours = yours or str(run.get("hardware", "this run"))
+        yours = yours or str(run.get("hardware", "unnamed hardware"))
         return self.table([(label, lookup(run, key), key, *rest) for label, key, *rest in rows], yours, spec)
 
-    def readings(self, mine: dict, sentences, describe=None, width: int = 110) -> str:
-        """A "Reading the run" paragraph's numbers: `sentences(run)` (a run's JSON -> its sentences) for
-        this run, then for the committed run, each headed by its hardware and `describe(run)` if given.
-        Returned as text, to print; the committed part says why it is missing where it is."""
-        text = []
-        for label, run in [("your run", mine), ("the committed run", self.data)]:
-            if run is None:
-                text.append(f"{label}: not available ({self.where})")
-                continue
-            text.append(f"{label}, on {run.get('hardware', 'unnamed hardware')}"
-                        + (f", {describe(run)}" if describe else "") + ":")
-            text += [textwrap.fill(s, width, initial_indent="- ", subsequent_indent="  ") for s in sentences(run)]
-            text.append("")
-        return "\n".join(text).rstrip()
-
     def __str__(self) -> str:
+        if self.is_this_run:
+            return f"reference {self.name}: this run is the committed run ({REFERENCE_RUN_VARIABLE}=1)"
         state = f"the committed run on {self.hardware}" if self.found else "no committed run"
         return f"reference {self.name}: {state} ({self.where})"
 
@@ -124,7 +122,10 @@ class Reference:
 def load_reference(name: str, figures: Path | None = None, url: str | None = None,
                    timeout_s: float = 5.0) -> Reference:
     """The committed `figures/<name>.json`: read it from `figures` (default: the clone's figures/ folder),
-    or fetch it from `url` (default: the repository's raw URL); never raises."""
+    or fetch it from `url` (default: the repository's raw URL); never raises. In the committed run itself
+    (MINIVLLM_REFERENCE_RUN=1) there is none to read: the file is the one this run is about to write."""
+    if this_is_the_reference_run():
+        return Reference(name, None, "this run makes the committed outputs", is_this_run=True)
     folder = Path(figures) if figures is not None else REPO_ROOT / "figures"
     path = folder / f"{name}.json"
     if path.exists():
@@ -137,6 +138,14 @@ def load_reference(name: str, figures: Path | None = None, url: str | None = Non
             return Reference(name, json.loads(response.read().decode()), url)
     except (OSError, ValueError) as error:  # offline, 404, or not JSON: the notebook goes on without it
         return Reference(name, None, f"offline or not found: {url} ({type(error).__name__})")
+
+
+def readings(run: dict, sentences, describe=None, width: int = 110) -> str:
+    """A run's numbers as sentences (`sentences(run)`: a run's JSON -> its sentences), headed by its hardware
+    and `describe(run)` if given: what a "Reading the run" paragraph talks about. Returned as text, to print."""
+    head = f"this run, on {run.get('hardware', 'unnamed hardware')}" + (f", {describe(run)}" if describe else "")
+    return "\n".join([head + ":"] + [textwrap.fill(s, width, initial_indent="- ", subsequent_indent="  ")
+                                     for s in sentences(run)])
 
 
 def lookup(data, key):

@@ -9,7 +9,7 @@
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 source scripts/gpu_parts.sh env   # the wheels were installed by `source scripts/gpu_parts.sh unpack1`
-export MINIVLLM_SMOKE=0 PYTHONUNBUFFERED=1
+export MINIVLLM_SMOKE=0 PYTHONUNBUFFERED=1 MINIVLLM_REFERENCE_RUN=1  # this run makes the committed outputs: no older run beside it
 done_nbs=()
 for nb in "$@"; do
   if [ -n "$NB_START_BEFORE_S" ] && [ "$SECONDS" -ge "$NB_START_BEFORE_S" ]; then

@@ -22,20 +22,24 @@ def said(caplog, text: str) -> int:
     return sum(text in record.getMessage() for record in caplog.records)
 
 
-def test_prefix_caching_off_for_a_sliding_window_is_said_once(tiny_mistral, fresh_warnings):
+def test_prefix_caching_off_for_a_sliding_window_is_said_once_where_asked_for(tiny_mistral, fresh_warnings):
+    llm = LLM(tiny_mistral[0], max_model_len=64, num_kv_blocks=16)  # the default: off for this model, nothing said
+    assert not llm.llm_engine.block_manager.enable_prefix_caching
+    assert said(fresh_warnings, "prefix caching is turned off") == 0
     for _ in range(2):
-        llm = LLM(tiny_mistral[0], max_model_len=64, num_kv_blocks=16)
+        llm = LLM(tiny_mistral[0], max_model_len=64, num_kv_blocks=16, enable_prefix_caching=True)
         assert not llm.llm_engine.block_manager.enable_prefix_caching
     assert said(fresh_warnings, "prefix caching is turned off for models with a sliding window") == 1
 
 
-def test_async_scheduling_off_for_speculative_decoding_is_said_once(fresh_warnings):
+def test_async_scheduling_off_for_speculative_decoding_is_said_once_where_asked_for(fresh_warnings):
+    ngram = {"method": "ngram", "num_speculative_tokens": 2}
+    assert EngineConfig("x", device="cpu").async_scheduling  # the default: on
+    config = EngineConfig("x", device="cpu", speculative_config=ngram)  # the default: off here, nothing said
+    assert not config.async_scheduling and said(fresh_warnings, "async_scheduling is turned off") == 0
     for _ in range(3):
-        config = EngineConfig("x", device="cpu", speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+        config = EngineConfig("x", device="cpu", speculative_config=ngram, async_scheduling=True)
         assert not config.async_scheduling
-    assert said(fresh_warnings, "async_scheduling is turned off") == 1
-    EngineConfig("x", device="cpu", speculative_config={"method": "ngram", "num_speculative_tokens": 2},
-                 async_scheduling=False)  # nothing to turn off: nothing said
     assert said(fresh_warnings, "async_scheduling is turned off") == 1
 
 

@@ -1,10 +1,11 @@
 """The committed run beside the reader's (minivllm_lab.reference), on a temporary figures folder:
-a file that is there, one that is fetched, and one that can be had neither way (offline)."""
+a file that is there, one that is fetched, one that can be had neither way (offline), and the committed run
+itself, which has no other run beside it."""
 from __future__ import annotations
 
 import json
 
-from minivllm_lab.reference import load_reference, pick, raw_url
+from minivllm_lab.reference import load_reference, pick, raw_url, readings
 
 RUN = {"hardware": "NVIDIA H200", "summary": {"output_tok_s": 17.699}, "rows": [{"tok_s": 8763.45}]}
 
@@ -20,7 +21,7 @@ def test_a_committed_file_is_read_with_its_hardware(tmp_path):
     table = ref.table([("output tok/s", 4.25, "summary.output_tok_s"),
                        ("share", 0.5, lambda d: d["summary"]["output_tok_s"] / 177, ".0%")], yours="CPU (2 cores)")
     header, row, share = table.splitlines()
-    assert "yours (CPU (2 cores))" in header and "committed (NVIDIA H200)" in header
+    assert "this run (CPU (2 cores))" in header and "committed run (NVIDIA H200)" in header
     assert row.split() == ["output", "tok/s", "4.2", "17.7"]
     assert share.split() == ["share", "50%", "10%"]
 
@@ -59,15 +60,22 @@ def test_beside_looks_up_the_same_keys_in_both_runs(tmp_path):
     mine = {"hardware": "CPU (2 cores)", "rows": [{"engine": "b", "tok_s": 5.0}]}  # fewer rows, another order
     text = ref.beside(mine, [("b", pick("rows", "tok_s", engine="b")), ("a", pick("rows", "tok_s", engine="a"))])
     header, b, a = text.splitlines()
-    assert "yours (CPU (2 cores))" in header and "committed (NVIDIA H200)" in header
+    assert "this run (CPU (2 cores))" in header and "committed run (NVIDIA H200)" in header
     assert b.split() == ["b", "5.0", "1,000.0"] and a.split() == ["a", "n/a", "10.0"]
 
 
-def test_readings_print_both_runs_under_their_hardware(tmp_path):
-    (tmp_path / "x.json").write_text(json.dumps({"hardware": "NVIDIA H200", "tok_s": 8000.0}))
-    committed = load_reference("x", figures=tmp_path)
+def test_readings_print_this_run_under_its_hardware():
     sentences = lambda run: [f"{run['tok_s']:,.0f} tok/s"]  # noqa: E731
-    text = committed.readings({"hardware": "CPU", "tok_s": 10.0}, sentences, describe=lambda run: "W1")
-    assert text == "your run, on CPU, W1:\n- 10 tok/s\n\nthe committed run, on NVIDIA H200, W1:\n- 8,000 tok/s"
-    missing = load_reference("y", figures=tmp_path, url="http://127.0.0.1:9/none.json", timeout_s=0.5)
-    assert missing.readings({"hardware": "CPU", "tok_s": 1.0}, sentences).endswith(f"not available ({missing.where})")
+    text = readings({"hardware": "CPU", "tok_s": 10.0}, sentences, describe=lambda run: "W1")
+    assert text == "this run, on CPU, W1:\n- 10 tok/s"
+
+
+def test_the_committed_run_itself_prints_one_column(tmp_path, monkeypatch):
+    (tmp_path / "r.json").write_text(json.dumps({"hardware": "NVIDIA H200", "tok_s": 8000.0}))
+    monkeypatch.setenv("MINIVLLM_REFERENCE_RUN", "1")
+    ref = load_reference("r", figures=tmp_path)  # the file is the older run's: this run is about to replace it
+    assert not ref.found and ref.is_this_run and "this run is the committed run" in str(ref)
+    header, row = ref.beside({"hardware": "NVIDIA H200", "tok_s": 9000.0}, [("tok/s", "tok_s")]).splitlines()
+    assert header.split() == ["metric", "this", "run", "(NVIDIA", "H200)"] and row.split() == ["tok/s", "9,000.0"]
+    monkeypatch.setenv("MINIVLLM_REFERENCE_RUN", "0")
+    assert load_reference("r", figures=tmp_path).fmt("tok_s") == "8,000.0"

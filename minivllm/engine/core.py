@@ -85,10 +85,11 @@ class EngineCore:
         max_num_seqs = config.max_num_seqs or default_seqs
         if not config.enable_chunked_prefill:  # a whole prompt must fit in one step
             max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
-        prefix_caching = config.enable_prefix_caching and config.enable_paged_kv
+        prefix_caching = config.enable_prefix_caching is not False and config.enable_paged_kv
         if prefix_caching and cfg.sliding_window is not None:
             # As vLLM did: blocks released outside the window break the chain of cached prefix blocks.
-            warning_once(logger, "prefix caching is turned off for models with a sliding window")
+            if config.enable_prefix_caching:  # asked for, explicitly
+                warning_once(logger, "prefix caching is turned off for models with a sliding window")
             prefix_caching = False
         block_size = config.block_size if config.enable_paged_kv else max_model_len
         eos_token_ids = generation_eos_ids(cfg, source.folder)
