@@ -94,8 +94,8 @@ def hf_generate_continuous(hf_model, prompts, max_tokens: int | list[int]) -> li
     another thread and resets tensors made here, which inference tensors refuse on the GPU."""
     from transformers import GenerationConfig
     lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
-    # eos_token_id=None switches end-of-sequence off: every request produces its max_tokens tokens.
-    config = GenerationConfig(max_new_tokens=max(lengths), do_sample=False, eos_token_id=None, pad_token_id=0)
+    # eos_token_id=-1 (no token has it) switches end-of-sequence off: every request produces its max_tokens tokens.
+    config = GenerationConfig(max_new_tokens=max(lengths), do_sample=False, eos_token_id=-1, pad_token_id=0)
     done = {}
     with torch.no_grad(), hf_model.continuous_batching_context_manager(generation_config=config, block=True,
                                                                        timeout=5) as manager:
