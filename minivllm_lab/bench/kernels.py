@@ -294,6 +294,8 @@ def store_kv_launch_cost(tokens=(1, 16, 64, 256, 1024), calls: int = 100, num_kv
     from minivllm.attention import torch_ref
     from minivllm.kernels import store_kv
 
+    from .profile import profiler  # (acc_events=True: no warning from torch 2.10 to 2.12)
+
     blocks = 4096
     k_cache = torch.zeros(blocks, BLOCK, num_kv_heads, head_dim, device="cuda", dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
@@ -312,7 +314,7 @@ def store_kv_launch_cost(tokens=(1, 16, 64, 256, 1024), calls: int = 100, num_kv
             many()
             torch.cuda.synchronize()
             eager_us = (time.perf_counter() - start) / calls * 1e6
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with profiler([torch.profiler.ProfilerActivity.CUDA]) as prof:
                 many()
                 torch.cuda.synchronize()
             gpu_us = sum(e.self_device_time_total for e in prof.key_averages()

@@ -10,8 +10,8 @@ is what fused kernels and CUDA graphs remove.
 """
 from __future__ import annotations
 
+import inspect
 import time
-import warnings
 from unittest import mock
 
 import torch
@@ -24,6 +24,15 @@ from .metrics import cuda_time_ms, median
 
 HOST_LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                      "cudaGraphLaunch"}
+
+
+def profiler(activities) -> torch.profiler.profile:
+    """`torch.profiler.profile(activities=...)` for one `with` block, with `acc_events=True`: torch 2.10 to
+    2.12 warn "Profiler clears events at the end of each cycle" on every profiler made without it, cycles
+    or not (pytorch/pytorch#180348). A single `with` block is one cycle, so keeping events across cycles
+    changes nothing. (torch before 2.5 has no such argument, and no such warning.)"""
+    keep = {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
+    return torch.profiler.profile(activities=activities, **keep)
 
 
 def _start_decoding(engine, batch: int, context: int) -> list:
@@ -74,8 +83,7 @@ def decode_step_profile(llm, batch: int, context: int, steps: int = 5, top: int 
     wall_ms = median(decode_step_times_ms(llm, batch, context, steps=10))
     engine = llm.llm_engine
     seqs = _start_decoding(engine, batch, context)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with profiler([torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             engine.step()
         if torch.cuda.is_available():
@@ -111,12 +119,10 @@ def launch_count(fn) -> dict:
     on_gpu = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
     fn()  # warm-up: one-time work (allocations, autotuning) is not what a step repeats
-    with warnings.catch_warnings():  # (torch warns that a profiler's events end with its cycle: so they should)
-        warnings.simplefilter("ignore", UserWarning)
-        with torch.profiler.profile(activities=activities) as prof:
-            fn()
-            if on_gpu:
-                torch.cuda.synchronize()
+    with profiler(activities) as prof:
+        fn()
+        if on_gpu:
+            torch.cuda.synchronize()
     events = prof.key_averages()
     ops = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: -e.count)
     kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -181,8 +187,8 @@ def decode_timeline(llm, batch: int, context: int, steps: int = 4) -> dict:
         with torch.profiler.record_function("wait for sampled tokens"):
             return wait(self)
 
-    with mock.patch.object(SampledTokens, "tolist", marked_wait), torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with mock.patch.object(SampledTokens, "tolist", marked_wait), profiler(
+            [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             with torch.profiler.record_function("engine.step"):
                 engine.step()
