@@ -2,6 +2,7 @@
 
     python -m minivllm_lab.bench.serve --label minivllm --request-rate 1,2,4,8,inf     # against :8000
     python -m minivllm_lab.bench.serve --endpoint chat --label transformers --extra-body '{"ignore_eos": true}'
+    python -m minivllm_lab.bench.serve --request-rate 5,10,20,40,80 --stop-at-slo-break  # up to where it breaks
     python -m minivllm_lab.bench.serve --smoke                                          # 8 tiny requests
     python -m minivllm_lab.bench.serve plot a.json b.json --out figures/13_serving.png  # servers side by side
 
@@ -9,7 +10,9 @@ Offline throughput is a batch job's number; a service is judged at a request rat
 user waits. So requests are sent as customers come (Poisson arrivals, or all at once), streamed,
 and timed on the client, as vLLM's ``benchmarks/benchmark_serving.py`` does, in one small client
 that any server can be measured with. Each rate prints vLLM's table; the JSON keeps every rate, and
-the capacity: the highest rate served within the reading-speed SLO (see ``serve_stats``).
+the capacity: the highest rate served within the reading-speed SLO (see ``serve_stats``), and the first
+rate that broke it (None: the capacity is only at least the highest rate swept). ``--stop-at-slo-break``
+ends the sweep at that rate: the rates above it do not count towards the capacity.
 
 One Python process parsing a thousand streams is itself a limit: on the H200 a single client process
 sat at 100% of its core while the server's frontend was half idle (scripts/gpu_profile_serve.sh), so it
@@ -35,7 +38,15 @@ from . import bench_extra
 from .metrics import format_table, hardware_name, save_json
 from .serve_client import ENDPOINTS, chat_payload, completions_payload, raise_open_file_limit, send_request
 from .serve_plot import plot_serving
-from .serve_stats import READING_SPEED_SLO, arrival_times, capacity, format_report, summarize_requests
+from .serve_stats import (
+    READING_SPEED_SLO,
+    arrival_times,
+    capacity,
+    first_break,
+    format_report,
+    summarize_requests,
+    within_slo,
+)
 from .workloads import w3
 
 with bench_extra():
@@ -58,6 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--extra-body", default="{}", help="JSON fields added to every request")
     p.add_argument("--request-rate", default=None, help="requests/s, a comma-separated sweep; inf = all at once "
                                                         "(default 1,2,4,8,inf; 4,inf with --smoke)")
+    p.add_argument("--stop-at-slo-break", action="store_true",
+                   help="end the sweep at the first finite rate whose p99 TTFT or TPOT breaks the SLO")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 is Poisson")
     p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)")
     p.add_argument("--num-clients", type=int, default=1,
@@ -192,12 +205,16 @@ async def benchmark(args) -> dict:
             for error, count in list(row["errors"].items())[:3]:
                 print(f"  failed ({count}x): {error}")
             rows.append(row)
+            if args.stop_at_slo_break and math.isfinite(rate) and not within_slo(row, READING_SPEED_SLO):
+                print(f"the SLO broke at {rate:g} req/s: the sweep stops here", flush=True)
+                break
     workload = {"name": "W3", **sizes, "vocab_size": args.vocab_size, "seed": args.seed, "burstiness": args.burstiness,
                 "max_concurrency": args.max_concurrency, "num_clients": args.num_clients,
                 "extra_body": json.loads(args.extra_body), "text_format": args.text_format}
     return {"label": label, "base_url": args.base_url, "model": model, "endpoint": args.endpoint,
             "workload": workload, "slo": READING_SPEED_SLO, "hardware": args.hardware or hardware_name(),
-            "rates": rows, "capacity_req_s": capacity(rows, READING_SPEED_SLO)}
+            "rates": rows, "capacity_req_s": capacity(rows, READING_SPEED_SLO),
+            "slo_broken_at_req_s": first_break(rows, READING_SPEED_SLO)}
 
 
 def plot_main(argv) -> None:
@@ -219,7 +236,9 @@ def main(argv=None) -> None:
     result = asyncio.run(benchmark(args))
     print(format_table(result["rates"], SUMMARY_COLUMNS))
     print(f"capacity within the SLO (TTFT <= {READING_SPEED_SLO['ttft_s']} s, TPOT <= "
-          f"{READING_SPEED_SLO['tpot_s'] * 1e3:.0f} ms at p99): {result['capacity_req_s']} req/s")
+          f"{READING_SPEED_SLO['tpot_s'] * 1e3:.0f} ms at p99): {result['capacity_req_s']} req/s; "
+          + (f"broken at {result['slo_broken_at_req_s']:g} req/s" if result["slo_broken_at_req_s"] is not None
+             else "not broken at any rate swept"))
     out = Path(args.out or f"bench-results/serve{'-smoke' if args.smoke else ''}.json")
     save_json(out, result)
     plot = plot_serving([result], args.plot or str(out.with_suffix(".png")))

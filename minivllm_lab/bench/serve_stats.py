@@ -13,6 +13,7 @@ reading speed and the tokens per word are `minivllm_lab.constants`; 1 / `reading
     arrival_times(4, rate=2.0, burstiness=1.0, seed=0)   # [0.0, 0.6..., ...] seconds
     row = summarize_requests(results, duration_s=12.5, slo=READING_SPEED_SLO)
     capacity([{"rate": 1.0, **row1}, {"rate": 2.0, **row2}], READING_SPEED_SLO)   # 1.0, 2.0 or None
+    first_break([{"rate": 1.0, **row1}, {"rate": 2.0, **row2}], READING_SPEED_SLO)  # 1.0, 2.0 or None
 """
 from __future__ import annotations
 
@@ -82,6 +83,16 @@ def summarize_requests(results: list, duration_s: float, slo: dict) -> dict:
     }
 
 
+def within_slo(row: dict, slo: dict) -> bool:
+    """One rate's row met the SLO: no request failed, and p99 TTFT and p99 TPOT are within it."""
+    return (row["failed"] == 0 and row["ttft_p99_s"] is not None and row["ttft_p99_s"] <= slo["ttft_s"]
+            and (row["tpot_p99_s"] is None or row["tpot_p99_s"] <= slo["tpot_s"]))
+
+
+def _finite_rows(rows: list[dict]) -> list[dict]:
+    return sorted((r for r in rows if math.isfinite(float(r["rate"]))), key=lambda r: float(r["rate"]))
+
+
 def capacity(rows: list[dict], slo: dict) -> float | None:
     """The highest finite rate up to which every rate swept succeeded with p99 TTFT and p99 TPOT within the SLO.
 
@@ -89,15 +100,18 @@ def capacity(rows: list[dict], slo: dict) -> float | None:
     server whose queue drains differently) is not capacity. All-at-once (rate "inf") is left out: a burst of N
     requests is not a sustained rate, and how it fares depends on N. None if the lowest rate breaks.
     """
-    def sustained(row):
-        return (row["failed"] == 0 and row["ttft_p99_s"] is not None and row["ttft_p99_s"] <= slo["ttft_s"]
-                and (row["tpot_p99_s"] is None or row["tpot_p99_s"] <= slo["tpot_s"]))
     best = None
-    for row in sorted((r for r in rows if math.isfinite(float(r["rate"]))), key=lambda r: float(r["rate"])):
-        if not sustained(row):
+    for row in _finite_rows(rows):
+        if not within_slo(row, slo):
             break
         best = float(row["rate"])
     return best
+
+
+def first_break(rows: list[dict], slo: dict) -> float | None:
+    """The lowest finite rate swept that broke the SLO, or None if none did (then the capacity is only a lower
+    bound: at least the highest rate swept)."""
+    return next((float(r["rate"]) for r in _finite_rows(rows) if not within_slo(r, slo)), None)
 
 
 def _ms(value) -> str:
