@@ -78,7 +78,7 @@ class Reference:
     def hardware(self) -> str:
         """The committed run's hardware, as its JSON names it (most figures JSON have a "hardware" field)."""
         if self.data is None:
-            return "committed run, not available"
+            return "not available"
         return str(self.data.get("hardware") or "committed run, hardware not recorded")
 
     def value(self, key):
@@ -120,11 +120,12 @@ class Reference:
 
 
 def load_reference(name: str, figures: Path | None = None, url: str | None = None,
-                   timeout_s: float = 5.0) -> Reference:
+                   timeout_s: float = 5.0, written_by_this_run: bool = True) -> Reference:
     """The committed `figures/<name>.json`: read it from `figures` (default: the clone's figures/ folder),
     or fetch it from `url` (default: the repository's raw URL); never raises. In the committed run itself
-    (MINIVLLM_REFERENCE_RUN=1) there is none to read: the file is the one this run is about to write."""
-    if this_is_the_reference_run():
+    (MINIVLLM_REFERENCE_RUN=1) there is none to read where the file is one this run is about to write; a file
+    another run made (`written_by_this_run=False`: a benchmark's JSON that a notebook shows) is read as ever."""
+    if written_by_this_run and this_is_the_reference_run():
         return Reference(name, None, "this run makes the committed outputs", is_this_run=True)
     folder = Path(figures) if figures is not None else REPO_ROOT / "figures"
     path = folder / f"{name}.json"

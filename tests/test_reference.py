@@ -79,3 +79,14 @@ def test_the_committed_run_itself_prints_one_column(tmp_path, monkeypatch):
     assert header.split() == ["metric", "this", "run", "(NVIDIA", "H200)"] and row.split() == ["tok/s", "9,000.0"]
     monkeypatch.setenv("MINIVLLM_REFERENCE_RUN", "0")
     assert load_reference("r", figures=tmp_path).fmt("tok_s") == "8,000.0"
+
+
+def test_the_committed_run_still_reads_a_file_another_run_made(tmp_path, monkeypatch):
+    (tmp_path / "serving_capacity_h200.json").write_text(json.dumps({"hardware": "NVIDIA H200", "capacity": 100}))
+    monkeypatch.setenv("MINIVLLM_REFERENCE_RUN", "1")
+    ref = load_reference("serving_capacity_h200", figures=tmp_path, written_by_this_run=False)
+    assert ref.found and not ref.is_this_run and ref.value("capacity") == 100
+    monkeypatch.setenv("MINIVLLM_REFERENCE_RUN", "0")
+    missing = load_reference("gone", figures=tmp_path, url="http://127.0.0.1:9/gone.json", timeout_s=0.5)
+    assert missing.table([("x", 1.0, "x")], yours="CPU").splitlines()[0].split() == [
+        "metric", "this", "run", "(CPU)", "committed", "run", "(not", "available)"]

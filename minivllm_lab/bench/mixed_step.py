@@ -23,6 +23,7 @@ from minivllm.models.loader import resolve_model
 from ..machine import tiny_checkpoint
 from . import roofline
 from .metrics import hardware_name, save_json, source_commit
+from .profile import profiler
 
 GPU_SIZES = dict(decodes=256, chunk=512, chunks=7, steps=14, runs=5, prompt_len=64)
 SMOKE_SIZES = dict(decodes=4, chunk=8, chunks=5, steps=3, runs=2, prompt_len=5)
@@ -78,7 +79,7 @@ def measure(model: str, engine_args: dict, decodes: int, chunk: int, chunks: int
             mixed_shapes |= set(shapes)
         else:
             activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-            with torch.profiler.profile(activities=activities) as prof:
+            with profiler(activities) as prof:
                 step_period_ms(engine, chunks - 2, device)
             row["profile"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
         while f"p{run}" in engine.requests:

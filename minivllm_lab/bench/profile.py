@@ -30,7 +30,10 @@ def profiler(activities) -> torch.profiler.profile:
     """`torch.profiler.profile(activities=...)` for one `with` block, with `acc_events=True`: torch 2.10 to
     2.12 warn "Profiler clears events at the end of each cycle" on every profiler made without it, cycles
     or not (pytorch/pytorch#180348). A single `with` block is one cycle, so keeping events across cycles
-    changes nothing. (torch before 2.5 has no such argument, and no such warning.)"""
+    changes nothing. (torch before 2.5 has no such argument, and no such warning.) CUDA activity is asked for
+    only where CUDA is available: elsewhere torch warns that it disables it."""
+    if not torch.cuda.is_available():
+        activities = [a for a in activities if a != torch.profiler.ProfilerActivity.CUDA]
     keep = {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
     return torch.profiler.profile(activities=activities, **keep)
 
