@@ -120,9 +120,8 @@ def launch_count(fn) -> dict:
     most often. When a call does little arithmetic (a one-token forward), these counts, not its bytes, set
     its time."""
     on_gpu = torch.cuda.is_available()
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
     fn()  # warm-up: one-time work (allocations, autotuning) is not what a step repeats
-    with profiler(activities) as prof:
+    with profiler([torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         if on_gpu:
             torch.cuda.synchronize()
