@@ -5,12 +5,13 @@
 # (and MINIVLLM_DIRTY=1 if that copy had uncommitted changes under minivllm/, minivllm_lab/ or notebooks/, else 0)
 # Notebooks run one at a time; none is started after $NB_START_BEFORE_S seconds (default: no limit),
 # so a call that must end in 10 minutes still brings back what finished. Everything comes back as
-# one tarball in $OUT (the device returns at most 8 files), rewritten after each notebook.
+# one tarball in $OUT (the device returns at most 8 files), rewritten after each notebook: the notebooks that
+# passed and the figures this call wrote (a later call's copy of the tree has the older figures).
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 source scripts/gpu_parts.sh env   # the wheels were installed by `source scripts/gpu_parts.sh unpack1`
 export MINIVLLM_SMOKE=0 PYTHONUNBUFFERED=1 MINIVLLM_REFERENCE_RUN=1  # this run makes the committed outputs: no older run beside it
-done_nbs=()
+done_nbs=(); started=$(mktemp); sleep 1
 for nb in "$@"; do
   if [ -n "$NB_START_BEFORE_S" ] && [ "$SECONDS" -ge "$NB_START_BEFORE_S" ]; then
     echo "skipped $nb: started too late ($SECONDS s)" | tee -a "$OUT/notebooks.log"; continue
@@ -18,5 +19,6 @@ for nb in "$@"; do
   python3 -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=1200 --overwrite --durations=0 "$nb" 2>&1 \
     | tee -a "$OUT/notebooks.log" && done_nbs+=("$nb")
   echo "$nb finished at $SECONDS s" | tee -a "$OUT/notebooks.log"
-  tar czf "$OUT/executed.tgz" "${done_nbs[@]}" figures
+  mapfile -t written < <(find figures -type f -newer "$started")
+  tar czf "$OUT/executed.tgz" "${done_nbs[@]}" "${written[@]}"
 done
