@@ -8,6 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
+from minivllm_lab.bench import serve
 from minivllm_lab.bench.serve import main
 from minivllm_lab.bench.serve_client import (
     DONE,
@@ -20,7 +21,15 @@ from minivllm_lab.bench.serve_client import (
     send_request,
 )
 from minivllm_lab.bench.serve_plot import plot_serving
-from minivllm_lab.bench.serve_stats import READING_SPEED_SLO, arrival_times, capacity, format_report, summarize_requests
+from minivllm_lab.bench.serve_stats import (
+    READING_SPEED_SLO,
+    arrival_times,
+    capacity,
+    first_break,
+    format_report,
+    summarize_requests,
+    within_slo,
+)
 from minivllm_lab.bench.workloads import w3
 
 
@@ -110,6 +119,52 @@ def test_capacity_is_the_highest_finite_rate_within_the_slo():
     # A rate above the first break does not count, even where it passes.
     broken = [_row(3.0, 0.2, 0.05), _row(1.0, 0.2, 0.05), _row(2.0, 1.5, 0.05)]
     assert capacity(broken, READING_SPEED_SLO) == 1.0
+
+
+def test_within_slo_needs_no_failure_and_both_p99s_within_it():
+    slo = READING_SPEED_SLO
+    assert within_slo(_row(1.0, slo["ttft_s"], slo["tpot_s"]), slo)
+    assert not within_slo(_row(1.0, slo["ttft_s"] * 1.01, 0.05), slo)
+    assert not within_slo(_row(1.0, 0.2, slo["tpot_s"] * 1.01), slo)
+    assert not within_slo(_row(1.0, 0.2, 0.05, failed=1), slo)
+    assert within_slo(_row(1.0, 0.2, None), slo)  # one-token answers have no TPOT
+    assert not within_slo(_row(1.0, None, None), slo)  # nothing came back
+
+
+def test_first_break_is_the_lowest_finite_rate_that_broke():
+    rows = [_row(8.0, 3.0, 0.1), _row(2.0, 0.9, 0.18), _row(4.0, 0.5, 0.25), _row(1.0, 0.2, 0.05),
+            _row("inf", 9.0, 0.1)]
+    assert first_break(rows, READING_SPEED_SLO) == 4.0
+    assert first_break([_row(1.0, 0.2, 0.05), _row("inf", 9.0, 0.1)], READING_SPEED_SLO) is None
+    assert first_break([_row(1.0, 0.2, 0.05, failed=2)], READING_SPEED_SLO) == 1.0
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_stop_at_slo_break_ends_the_sweep_at_the_first_broken_rate(monkeypatch, stop):
+    """The server is faked: each rate's summary is drawn here, rate 4 breaks TTFT."""
+    swept = []
+
+    async def fake_send_request(client, url, payload, prompt_tokens):
+        return RequestResult(ok=True, prompt_tokens=prompt_tokens)
+
+    async def fake_run_rate(client, url, requests, arrivals, max_concurrency, progress_desc):
+        return [], 1.0
+
+    def fake_summary(results, duration, slo):
+        rate = [1.0, 2.0, 4.0, 8.0][len(swept)]
+        swept.append(rate)
+        return {"successful": 8, "failed": 0, "ttft_p99_s": 5.0 if rate >= 4 else 0.1, "tpot_p99_s": 0.05,
+                "errors": {}}
+
+    monkeypatch.setattr(serve, "send_request", fake_send_request)
+    monkeypatch.setattr(serve, "run_rate", fake_run_rate)
+    monkeypatch.setattr(serve, "summarize_requests", fake_summary)
+    monkeypatch.setattr(serve, "format_report", lambda row, label: "")
+    args = serve.parse_args(["--smoke", "--model", "m", "--request-rate", "1,2,4,8", "--base-url", "http://127.0.0.1:9"]
+                            + (["--stop-at-slo-break"] if stop else []))
+    result = asyncio.run(serve.benchmark(args))
+    assert swept == ([1.0, 2.0, 4.0] if stop else [1.0, 2.0, 4.0, 8.0])
+    assert result["capacity_req_s"] == 2.0 and result["slo_broken_at_req_s"] == 4.0
 
 
 def test_sse_lines_and_chunks():
