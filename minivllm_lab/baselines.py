@@ -96,9 +96,17 @@ def hf_generate_continuous(hf_model, prompts, max_tokens: int | list[int]) -> li
     lengths = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
     # eos_token_id=-1 (no token has it) switches end-of-sequence off: every request produces its max_tokens tokens.
     config = GenerationConfig(max_new_tokens=max(lengths), do_sample=False, eos_token_id=-1, pad_token_id=0)
+    sizes = None
+    if hf_model.device.type == "cpu":
+        # transformers sizes its cache and batch from the GPU's free memory whenever a GPU is present, even for a
+        # model on the CPU, whose pinned buffers then do not fit. A model on the CPU gets what these requests need.
+        from transformers import ContinuousBatchingConfig
+        page = ContinuousBatchingConfig().page_size
+        sizes = ContinuousBatchingConfig(num_blocks=sum(-(-(len(p) + n) // page) for p, n in zip(prompts, lengths)),
+                                         max_batch_tokens=max(len(p) for p in prompts) + len(prompts))
     done = {}
-    with torch.no_grad(), hf_model.continuous_batching_context_manager(generation_config=config, block=True,
-                                                                       timeout=5) as manager:
+    with torch.no_grad(), hf_model.continuous_batching_context_manager(
+            generation_config=config, continuous_batching_config=sizes, block=True, timeout=5) as manager:
         for i, (prompt, n) in enumerate(zip(prompts, lengths)):
             manager.add_request(list(prompt), request_id=f"req_{i}", max_new_tokens=n)
         bar = progress(total=sum(lengths), desc="HF continuous batching (tokens of finished requests)")
