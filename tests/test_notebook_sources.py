@@ -32,21 +32,15 @@ def calls_print_source(node: ast.AST) -> bool:
                for n in ast.walk(node))
 
 
-# Issues 30 (the engine in vLLM v1's shape, its prose cut) and 31 (mixed steps graphed) changed the source these
-# cells print; the series is re-executed from one commit under issue 33. strict: once it is, these pass, pytest
-# reports that as a failure, and whoever re-ran the series removes this mark and STALE_UNTIL_RE_RUN.
+# Issues 30 (the engine in vLLM v1's shape, its prose cut), 31 (mixed steps graphed), 32 and 33 changed the source
+# these cells print; the series is re-executed from one commit under issue 33 (07, 08, 09, 11, 12 so far). strict:
+# once a notebook is, its cells pass, pytest reports that as a failure, and whoever re-ran it removes them here.
 STALE = pytest.mark.xfail(strict=True, raises=AssertionError,
                           reason="prints source changed by issues 30/31: re-execute the series (issue 33), then remove")
 STALE_UNTIL_RE_RUN = {"01-cell10", "01-cell13", "01-cell18", "01-cell21", "01-cell25", "01-cell28", "03-cell11",
-                      "04-cell12", "04-cell14", "05-cell9", "05-cell11", "05-cell13", "06-cell13", "07-cell9",
-                      "07-cell13",
-                      "08-cell9", "08-cell11", "09-cell12", "09-cell16", "09-cell22", "10-cell13", "10-cell15",
-                      "10-cell19", "10-cell21", "10-cell25", "10-cell27", "11-cell13", "11-cell15", "11-cell17",
-                      "11-cell19", "12-cell9", "12-cell11", "12-cell13", "13-cell7", "14-cell9", "14-cell11",
-                      "14-cell13", "15-cell8", "15-cell12",
-                      "11-cell33",  # issue 31: notebook 11's piecewise graphs, printed once the series re-runs
-                      "02-cell13",  # issue 32: attention's forward gained the fp8 KV cache's scales
-                      "06-cell23", "16-cell14"}  # issue 33: plainer printouts, one new
+                      "04-cell12", "04-cell14", "05-cell9", "05-cell11", "05-cell13", "06-cell13", "10-cell13",
+                      "10-cell15", "10-cell19", "10-cell21", "10-cell25", "10-cell27", "13-cell7", "14-cell9",
+                      "14-cell11", "14-cell13", "15-cell8", "15-cell12", "02-cell13", "06-cell23", "16-cell14"}
 # Issue 32 added notebook 17 without outputs: its cells have printed nothing yet. strict: once the series is
 # re-executed (issue 33), they pass, and whoever re-ran it empties NOT_RUN_YET.
 NOT_RUN = pytest.mark.xfail(strict=True, raises=AssertionError,
