@@ -101,7 +101,8 @@ def hf_generate_continuous(hf_model, prompts, max_tokens: int | list[int]) -> li
         # transformers sizes its cache and batch from the GPU's free memory whenever a GPU is present, even for a
         # model on the CPU, whose pinned buffers then do not fit. A model on the CPU gets what these requests need.
         from transformers import ContinuousBatchingConfig
-        page = ContinuousBatchingConfig().page_size
+        defaults = ContinuousBatchingConfig()
+        page = getattr(defaults, "page_size", None) or defaults.block_size  # block_size before transformers 5.2x
         sizes = ContinuousBatchingConfig(num_blocks=sum(-(-(len(p) + n) // page) for p, n in zip(prompts, lengths)),
                                          max_batch_tokens=max(len(p) for p in prompts) + len(prompts))
     done = {}
