@@ -5,8 +5,8 @@ Each notebook measures its own step on its own workload, so the steps' gains are
 side. The scoreboard keeps one number per step: output tokens per second on W1 (the post's experiment:
 60 requests, prompts of 16-256 tokens, 150 output tokens each; `minivllm_lab.bench.workloads.w1`). The
 notebooks that measure W1 add their step's number at the end, keyed by step and hardware, and the chart
-is drawn again: the committed H200 run's bars, and beside them the reader's ("yours") once a notebook
-has run on the reader's machine.
+is drawn again: the committed run's bars (each named by its GPU), and beside them the reader's once a
+notebook has run on the reader's machine.
 
     >>> from minivllm_lab import scoreboard
     >>> scoreboard.add(step="06 minivllm, continuous batching", tok_s=8763.5, hardware=env.hardware,
@@ -14,8 +14,8 @@ has run on the reader's machine.
     PosixPath('.../figures/scoreboard.png')
 
 A step with no measured W1 number has no bar: the bars are measurements, never estimates. The committed
-H200 bars are built from the committed figures JSON by `committed_h200_entries` (each entry names the
-file and the key its number comes from): `python -m minivllm_lab.scoreboard --rebuild`.
+bars are built from the committed figures JSON by `committed_entries` (each entry names the file and the
+key its number comes from, and carries the file's hardware): `python -m minivllm_lab.scoreboard --rebuild`.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from .reference import load_reference, pick
 
 WORKLOAD = "W1: 60 requests, prompts of 16-256 tokens, 150 output tokens each"
-REFERENCE_HARDWARE = "NVIDIA H200"  # the committed run's hardware: its bars are drawn first, in grey
+COMMITTED = "figures/"  # the source of every committed bar starts so; a reader's run names its notebook
 
 
 def scoreboard_path() -> Path:
@@ -36,7 +36,7 @@ def scoreboard_path() -> Path:
 
 
 def load(path: Path) -> dict:
-    """The scoreboard at `path`; a new one starts from the committed scoreboard (so the H200 bars are
+    """The scoreboard at `path`; a new one starts from the committed scoreboard (so the committed bars are
     there on a reader's first run), or empty where that cannot be had."""
     path = Path(path)
     if path.exists():
@@ -55,7 +55,7 @@ def add(step: str, tok_s: float, hardware: str, source: str = "", model: str = "
     board = load(path)
     entries = [e for e in board["entries"] if (e["step"], e["hardware"]) != (step, hardware)]
     entries.append({"step": step, "hardware": hardware, "tok_s": float(tok_s), "model": model, "source": source})
-    board["entries"] = sorted(entries, key=lambda e: (_series_order(e["step"]), e["hardware"] != REFERENCE_HARDWARE))
+    board["entries"] = sorted(entries, key=lambda e: (_series_order(e["step"]), not _committed(e)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(board, indent=1) + "\n")
     return draw(board, path.with_suffix(".png")) if draw_png else path
@@ -97,7 +97,8 @@ def draw(board: dict, png: Path) -> Path:
     import matplotlib.pyplot as plt
 
     steps = sorted({e["step"] for e in board["entries"]}, key=_series_order)
-    machines = sorted({e["hardware"] for e in board["entries"]}, key=lambda h: (h != REFERENCE_HARDWARE, h))
+    committed = {e["hardware"] for e in board["entries"] if _committed(e)}
+    machines = sorted({e["hardware"] for e in board["entries"]}, key=lambda h: (h not in committed, h))
     by_key = {(e["step"], e["hardware"]): e["tok_s"] for e in board["entries"]}
     height = 0.8 / max(len(machines), 1)
     fig, ax = plt.subplots(figsize=(11, 0.9 + 0.45 * max(len(steps), 1) * max(len(machines), 1) ** 0.5))
@@ -105,7 +106,7 @@ def draw(board: dict, png: Path) -> Path:
     for m, machine in enumerate(machines):
         ys = [s - 0.4 + height * (m + 0.5) for s, step in enumerate(steps) if (step, machine) in by_key]
         values = [by_key[step, machine] for step in steps if (step, machine) in by_key]
-        label = f"{machine} (committed)" if machine == REFERENCE_HARDWARE else f"{machine} (yours)"
+        label = f"{machine} (committed)" if machine in committed else f"{machine} (yours)"
         ax.barh(ys, values, height=height * 0.95, color=colors[m % len(colors)], label=label)
         for y, value in zip(ys, values):
             ax.text(value * 1.05, y, f"{value:,.0f}" if value >= 100 else f"{value:.1f}", va="center", fontsize=8)
@@ -128,11 +129,11 @@ def draw(board: dict, png: Path) -> Path:
     return png
 
 
-# ---- The committed H200 bars -------------------------------------------------------------------------
-# (step, file in figures/, how to find the number in it, what the number is). Only numbers that are W1 on
-# the H200; W1's 60 requests are served one at a time at the rate of any few of them, so the first
-# requests measure "one at a time".
-H200_SOURCES = [
+# ---- The committed bars ------------------------------------------------------------------------------
+# (step, file in figures/, how to find the number in it, what the number is). Only numbers that are W1 on a
+# GPU; W1's 60 requests are served one at a time at the rate of any few of them, so the first requests
+# measure "one at a time".
+COMMITTED_SOURCES = [
     ("00 transformers, one request at a time", "00_baseline.json", lambda d: d["summary"]["output_tok_s"],
      "notebook 00: summary.output_tok_s (HF generate, the first 3 requests of W1 one after another)"),
     ("02 minivllm's model, all 60 at once, no KV cache (recompute)", "bench_w1_engine.json",
@@ -182,50 +183,56 @@ NOTEBOOK_SOURCES = {
 
 
 def _series_order(step: str) -> tuple:
-    """Steps by their notebook's number, then in the order of H200_SOURCES (the "before" of a notebook
+    """Steps by their notebook's number, then in the order of COMMITTED_SOURCES (the "before" of a notebook
     above its "after"), then by name."""
-    known = [source[0] for source in H200_SOURCES]
+    known = [source[0] for source in COMMITTED_SOURCES]
     return step.split()[0], known.index(step) if step in known else len(known), step
 
 
-def committed_h200_entries(figures: Path) -> list[dict]:
-    """The H200 bars from the committed figures JSON, each with its source; a file that is missing,
-    not from the H200, or without the step's row gives no bar."""
+def _committed(entry: dict) -> bool:
+    return entry.get("source", "").startswith(COMMITTED)
+
+
+def committed_entries(figures: Path) -> list[dict]:
+    """The committed bars from the figures JSON, each with its source and its file's GPU; a file that is
+    missing, not from a GPU, or without the step's row gives no bar."""
     entries = []
-    for step, name, find, what in H200_SOURCES:
+    for step, name, find, what in COMMITTED_SOURCES:
         own = NOTEBOOK_SOURCES.get(step)
         candidates = [(name, find, what)]
         if own:
             candidates.insert(0, (own, pick("scoreboard_w1", "output_tok_s", engine=step),
                                   f"notebook {own[:2]}: scoreboard_w1[engine={step!r}]"))
         for file, find_in, description in candidates:
-            bar = _h200_bar(Path(figures) / file, find_in)
+            bar = _bar(Path(figures) / file, find_in)
             if bar is not None:
-                entries.append({"step": step, "hardware": REFERENCE_HARDWARE, "tok_s": bar[0], "model": bar[1],
-                                "source": f"figures/{file}: {description}"})
+                tok_s, model, hardware = bar
+                entries.append({"step": step, "hardware": hardware, "tok_s": tok_s, "model": model,
+                                "source": f"{COMMITTED}{file}: {description}"})
                 break
     return entries
 
 
-def _h200_bar(path: Path, find) -> tuple[float, str] | None:
-    """(tok/s, model) of one step in one committed file, or None: missing, not the H200's, no such row."""
+def _bar(path: Path, find) -> tuple[float, str, str] | None:
+    """(tok/s, model, GPU) of one step in one committed file, or None: missing, not a GPU's, no such row."""
     if not path.exists():
         return None
     data = json.loads(path.read_text())
-    if not str(data.get("hardware", "")).startswith(REFERENCE_HARDWARE):
+    hardware = str(data.get("hardware", ""))
+    if not hardware.startswith("NVIDIA "):
         return None
     try:
-        return float(find(data)), str(data.get("model", ""))
+        return float(find(data)), str(data.get("model", "")), hardware
     except (KeyError, StopIteration, TypeError):  # a file without this step's row (another run's layout)
         return None
 
 
 def rebuild(figures: Path) -> Path:
-    """figures/scoreboard.json and .png from the committed H200 numbers alone."""
+    """figures/scoreboard.json and .png from the committed numbers alone."""
     board = {"workload": WORKLOAD, "metric": "output tok/s",
-             "note": "H200 bars: the committed figures JSON (each entry's source); a notebook run adds its "
+             "note": "committed bars: the figures JSON (each entry's source and GPU); a notebook run adds its "
                      "machine's bars (minivllm_lab.scoreboard.add)",
-             "entries": committed_h200_entries(figures)}
+             "entries": committed_entries(figures)}
     path = Path(figures) / "scoreboard.json"
     path.write_text(json.dumps(board, indent=1) + "\n")
     return draw(board, path.with_suffix(".png"))
