@@ -27,31 +27,21 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ENV_PREFIX = "minivllm-env: "
 # Issues 30 (the engine in vLLM v1's shape), 31 (mixed steps graphed, defaults by device) and 33 (the course's
-# fourth edition: one reading, shorter, folded solutions) changed code cells of these notebooks, and added cells
-# (never run), after their run at 6d8175d; the series is re-executed from one commit under issue 33. Notebooks
-# 07, 08, 09, 11 and 12 were re-executed (at 9bc6977, on an H200); the others wait for GPU time. strict: once a
-# notebook is re-run, (c) and (d) pass for it, pytest reports that as a failure, and whoever re-ran it removes
-# it from EDITED_SINCE_THE_RUN and RAN_BEFORE_THE_RE_RUN.
+# fourth edition) changed code cells of these notebooks, and added cells (never run), after their run at 6d8175d
+# (an H200). The series was re-executed from one commit, 6a0713e, on an H100, except these two: the session's
+# device time ran out. strict: once they are re-run at the series' commit, (b), (c) and (d) pass for them, pytest
+# reports that as a failure, and whoever re-ran them empties these sets.
 NEEDS_RE_RUN = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                 reason="code cells changed by issues 30, 31, 33 after the run: re-execute the series "
-                                 "from one commit (issue 33), then remove this mark")
-EDITED_SINCE_THE_RUN = {"00", "01", "02", "03", "04", "05", "06", "10", "13", "14", "15", "16"}
+                                 reason="code cells changed by issues 30, 31, 33 after the run: re-execute it at the "
+                                 "series' commit, then remove this mark")
+EDITED_SINCE_THE_RUN = {"14", "15"}
 CELLS_ADDED_SINCE_THE_RUN = EDITED_SINCE_THE_RUN
-FIGURES_NOT_MADE_YET: set[str] = set()  # figures these notebooks save now, made when the series re-runs
+FIGURES_NOT_MADE_YET: set[str] = set()  # figures these notebooks save now, made when they re-run
 RAN_BEFORE_THE_RE_RUN = EDITED_SINCE_THE_RUN  # their outputs are still those of the run at 6d8175d
-# Issue 32 added notebook 17 (quantization) after that run, committed without outputs: it has no minivllm-env line
-# and no execution counts until the series is re-executed from one commit (issue 33). Every check is expected to
-# fail for it, strictly: once it has run, whoever re-ran the series empties this set.
-NOT_RUN = pytest.mark.xfail(strict=True, raises=AssertionError,
-                            reason="added by issue 32 without outputs: execute it with the whole series (issue 33), "
-                            "then remove it from NOT_RUN_YET")
-NOT_RUN_YET = {"17"}
 
 
 def marked(expected_to_fail: set[str]):
     def marks(p):
-        if p.stem[:2] in NOT_RUN_YET:
-            return NOT_RUN
         return NEEDS_RE_RUN if p.stem[:2] in expected_to_fail else ()
     return pytest.mark.parametrize("path", [pytest.param(p, marks=marks(p)) for p in NOTEBOOKS],
                                    ids=[p.stem[:2] for p in NOTEBOOKS])
@@ -95,7 +85,7 @@ def test_a_notebook_says_once_what_ran_it(path):  # (a)
 
 def re_run_commits() -> dict[str, str]:
     return {path.name: env_of(path)["commit"] for path in NOTEBOOKS
-            if path.stem[:2] not in NOT_RUN_YET | RAN_BEFORE_THE_RE_RUN}
+            if path.stem[:2] not in RAN_BEFORE_THE_RE_RUN}
 
 
 def test_all_notebooks_ran_at_one_commit():  # (b)

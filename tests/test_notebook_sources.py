@@ -32,25 +32,16 @@ def calls_print_source(node: ast.AST) -> bool:
                for n in ast.walk(node))
 
 
-# Issues 30 (the engine in vLLM v1's shape, its prose cut), 31 (mixed steps graphed), 32 and 33 changed the source
-# these cells print; the series is re-executed from one commit under issue 33 (07, 08, 09, 11, 12 so far). strict:
-# once a notebook is, its cells pass, pytest reports that as a failure, and whoever re-ran it removes them here.
+# Issues 30 (the engine in vLLM v1's shape), 31 (mixed steps graphed) and 33 changed the source these cells print
+# after their run at 6d8175d; the series was re-executed from one commit (6a0713e, an H100) except 14 and 15,
+# which the device time did not reach. strict: once a notebook is re-run, its cells pass, pytest reports that as a
+# failure, and whoever re-ran it removes them here.
 STALE = pytest.mark.xfail(strict=True, raises=AssertionError,
-                          reason="prints source changed by issues 30/31: re-execute the series (issue 33), then remove")
-STALE_UNTIL_RE_RUN = {"01-cell10", "01-cell13", "01-cell18", "01-cell21", "01-cell25", "01-cell28", "03-cell11",
-                      "04-cell12", "04-cell14", "05-cell9", "05-cell11", "05-cell13", "06-cell13", "10-cell13",
-                      "10-cell15", "10-cell19", "10-cell21", "10-cell25", "10-cell27", "13-cell7", "14-cell9",
-                      "14-cell11", "14-cell13", "15-cell8", "15-cell12", "02-cell13", "06-cell23", "16-cell14"}
-# Issue 32 added notebook 17 without outputs: its cells have printed nothing yet. strict: once the series is
-# re-executed (issue 33), they pass, and whoever re-ran it empties NOT_RUN_YET.
-NOT_RUN = pytest.mark.xfail(strict=True, raises=AssertionError,
-                            reason="a notebook committed without outputs (issue 32): execute the series, then remove")
-NOT_RUN_YET = {"17"}
+                          reason="prints source changed by issues 30/31: re-execute the notebook, then remove")
+STALE_UNTIL_RE_RUN = {"14-cell9", "14-cell11", "14-cell13", "15-cell8", "15-cell12"}
 
 
 def marks(path: Path, index: int):
-    if path.stem[:2] in NOT_RUN_YET:
-        return NOT_RUN
     return STALE if f"{path.stem[:2]}-cell{index}" in STALE_UNTIL_RE_RUN else ()
 
 
