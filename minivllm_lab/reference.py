@@ -1,6 +1,6 @@
 """The committed run's headline numbers beside this run's, each column named by its hardware.
 
-The committed notebooks are one run of the series on an NVIDIA H200: their outputs are that run, and its
+The committed notebooks are one run of the series on one GPU: their outputs are that run, and its
 numbers are saved in `figures/<name>.json`. A reader who runs a notebook elsewhere (a T4, a laptop CPU)
 replaces those outputs with their own, so a notebook reads the committed JSON first and prints a small table
 of this run beside it. The run that makes the committed outputs sets MINIVLLM_REFERENCE_RUN=1
@@ -8,8 +8,8 @@ of this run beside it. The run that makes the committed outputs sets MINIVLLM_RE
 
     >>> committed = load_reference("00_baseline")   # first thing in the notebook: its own run overwrites the file
     >>> print(committed.beside(mine, [("output tok/s", "summary.output_tok_s")]))
-    metric        this run (CPU (AMD EPYC, 2 cores))   committed run (NVIDIA H200)
-    output tok/s  4.1                                  17.7
+    metric        this run (CPU (AMD EPYC, 2 cores))   committed run (NVIDIA H100 80GB HBM3)
+    output tok/s  4.1                                  15.0
 
 Where the committed numbers come from: in a clone, the repository's `figures/` folder; where only the
 notebook was opened (Colab), the same file from the repository's raw URL (pyproject.toml's
