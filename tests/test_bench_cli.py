@@ -12,6 +12,7 @@ from minivllm_lab.bench import runners
 from minivllm_lab.bench.__main__ import ABLATION, ENGINES, main, make_workloads, parse_args
 
 
+@pytest.mark.extended  # every engine and ablation row, about 40 s; test_cli_runs_w1_w2_and_w3_offline is short
 def test_cli_runs_every_engine_and_the_ablation(tiny_llama, tmp_path, capsys):
     out = tmp_path / "bench.json"
     main(["--smoke", "--ablation", "--model", tiny_llama[0], "--out", str(out)])

@@ -45,7 +45,10 @@ OPTIONS = {
 
 # The Triton kernels run in Triton's slow interpreter on a CPU: with the overlap on only (the default). The
 # overlap does not touch the kernels; every torch option runs both ways.
-CASES = [(model, option, overlap)
+# The interpreter's tiny-pool and tiny-budget runs take about 20 s each: `-m extended` runs them (the scheduler's
+# paths are the torch options' above, the kernels' are "triton kernels" and tests/test_kernel_*).
+EXTENDED = ("triton kernels, tiny pool", "triton kernels, tiny budget")
+CASES = [pytest.param(model, option, overlap, marks=pytest.mark.extended if option in EXTENDED else ())
          for model, option, overlap in itertools.product(["llama", "mistral"], OPTIONS, [True, False])
          if overlap or not option.startswith("triton")]
 

@@ -74,6 +74,7 @@ def base_site(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # a fresh virtual environment per extra: minutes in all
 @pytest.mark.parametrize("extra", list(CHECKS))
 def test_each_extra_alone_runs_its_commands(extra, base_site, tmp_path):
     env_dir = tmp_path / "env"
