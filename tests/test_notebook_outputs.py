@@ -12,10 +12,6 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 WARNING_LINE = re.compile(r"\b\w*Warning\b|\bWARNING\b|^\s*warnings\.warn")
 ODD_PLURAL = re.compile(r"(?<![\w.])(?!len\()[A-Za-z]+\((?:s|es)\)")  # "prompt(s)", not the call "len(s)"
 STDERR_NOTICES = ("building SmolLM2-135M folder from GGUF",)  # the package's own one-time notice
-# The committed outputs of these notebooks predate the fixes of issue 33 (the warnings silenced in the package,
-# counts printed as words): the series' re-execution at 6a0713e did not reach them. strict, so that whoever
-# re-executes them removes this set.
-OUTPUTS_PREDATE_THE_FIXES = {"14", "15"}
 
 
 def output_lines(path: Path):
@@ -26,9 +22,7 @@ def output_lines(path: Path):
                 yield index, out.get("name") == "stderr", line
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="outputs of the run before issue 33's fixes"))
-    if p.stem[:2] in OUTPUTS_PREDATE_THE_FIXES else p for p in NOTEBOOKS], ids=[p.stem[:2] for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem[:2] for p in NOTEBOOKS])
 def test_no_warning_or_odd_plural_in_the_outputs(path):
     bad = [f"cell {i}: {line.strip()[:120]}" for i, stderr, line in output_lines(path)
            if WARNING_LINE.search(line) or ODD_PLURAL.search(line)

@@ -26,29 +26,7 @@ from minivllm_lab.notebook import code_cell_sources
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ENV_PREFIX = "minivllm-env: "
-# Issues 30 (the engine in vLLM v1's shape), 31 (mixed steps graphed, defaults by device) and 33 (the course's
-# fourth edition) changed code cells of these notebooks, and added cells (never run), after their run at 6d8175d
-# (an H200). The series was re-executed from one commit, 6a0713e, on an H100, except these two: the session's
-# device time ran out. strict: once they are re-run at the series' commit, (b), (c) and (d) pass for them, pytest
-# reports that as a failure, and whoever re-ran them empties these sets.
-NEEDS_RE_RUN = pytest.mark.xfail(strict=True, raises=AssertionError,
-                                 reason="code cells changed by issues 30, 31, 33 after the run: re-execute it at the "
-                                 "series' commit, then remove this mark")
-EDITED_SINCE_THE_RUN = {"14", "15"}
-CELLS_ADDED_SINCE_THE_RUN = EDITED_SINCE_THE_RUN
-FIGURES_NOT_MADE_YET: set[str] = set()  # figures these notebooks save now, made when they re-run
-RAN_BEFORE_THE_RE_RUN = EDITED_SINCE_THE_RUN  # their outputs are still those of the run at 6d8175d
-
-
-def marked(expected_to_fail: set[str]):
-    def marks(p):
-        return NEEDS_RE_RUN if p.stem[:2] in expected_to_fail else ()
-    return pytest.mark.parametrize("path", [pytest.param(p, marks=marks(p)) for p in NOTEBOOKS],
-                                   ids=[p.stem[:2] for p in NOTEBOOKS])
-
-
-each_notebook = marked(set())
-each_notebook_edited_expected_to_fail = marked(EDITED_SINCE_THE_RUN)
+each_notebook = pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem[:2] for p in NOTEBOOKS])
 
 
 def git(*args) -> subprocess.CompletedProcess:
@@ -83,22 +61,12 @@ def test_a_notebook_says_once_what_ran_it(path):  # (a)
     assert env_of(path)["commit"], f"{path.name} does not name its commit"
 
 
-def re_run_commits() -> dict[str, str]:
-    return {path.name: env_of(path)["commit"] for path in NOTEBOOKS
-            if path.stem[:2] not in RAN_BEFORE_THE_RE_RUN}
-
-
 def test_all_notebooks_ran_at_one_commit():  # (b)
-    commits = re_run_commits()
+    commits = {path.name: env_of(path)["commit"] for path in NOTEBOOKS}
     assert len(set(commits.values())) == 1, commits
 
 
-@marked(RAN_BEFORE_THE_RE_RUN)
-def test_a_notebook_ran_at_the_re_runs_commit(path):  # (b), notebook by notebook
-    assert env_of(path)["commit"] in set(re_run_commits().values()), path.name
-
-
-@each_notebook_edited_expected_to_fail
+@each_notebook
 def test_no_cell_was_edited_after_the_run(path):  # (c)
     in_a_checkout()
     commit = env_of(path)["commit"]
@@ -110,7 +78,7 @@ def test_no_cell_was_edited_after_the_run(path):  # (c)
         f"{path.name}: code cells differ from those of commit {commit}, which the outputs come from")
 
 
-@marked(CELLS_ADDED_SINCE_THE_RUN)
+@each_notebook
 def test_every_cell_ran_once_in_order(path):  # (d)
     cells = json.loads(path.read_text())["cells"]
     counts = [cell["execution_count"] for cell in cells if cell["cell_type"] == "code"]
@@ -122,7 +90,7 @@ def test_every_cell_ran_once_in_order(path):  # (d)
 SAVED = re.compile(r"""(?:figures_dir\(\)|FIGURES)\s*/\s*["'](\d\d_[^"'{}]+\.\w+)["']""")
 
 
-@marked(FIGURES_NOT_MADE_YET)
+@each_notebook
 def test_every_saved_figure_is_tracked(path):  # (e)
     in_a_checkout()
     saved = {name for code in code_cell_sources(path.read_text()) for name in SAVED.findall(code)}

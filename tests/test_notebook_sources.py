@@ -32,20 +32,7 @@ def calls_print_source(node: ast.AST) -> bool:
                for n in ast.walk(node))
 
 
-# Issues 30 (the engine in vLLM v1's shape), 31 (mixed steps graphed) and 33 changed the source these cells print
-# after their run at 6d8175d; the series was re-executed from one commit (6a0713e, an H100) except 14 and 15,
-# which the device time did not reach. strict: once a notebook is re-run, its cells pass, pytest reports that as a
-# failure, and whoever re-ran it removes them here.
-STALE = pytest.mark.xfail(strict=True, raises=AssertionError,
-                          reason="prints source changed by issues 30/31: re-execute the notebook, then remove")
-STALE_UNTIL_RE_RUN = {"14-cell9", "14-cell11", "14-cell13", "15-cell8", "15-cell12"}
-
-
-def marks(path: Path, index: int):
-    return STALE if f"{path.stem[:2]}-cell{index}" in STALE_UNTIL_RE_RUN else ()
-
-
-SOURCE_CELLS = [pytest.param(path, index, id=f"{path.stem[:2]}-cell{index}", marks=marks(path, index))
+SOURCE_CELLS = [pytest.param(path, index, id=f"{path.stem[:2]}-cell{index}")
                 for path, index, cell in code_cells() if "print_source(" in "".join(cell["source"])]
 
 
