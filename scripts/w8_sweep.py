@@ -1,0 +1,94 @@
+"""The weight-only 8-bit kernel's tile sizes at decode sizes: which launch reads W fastest (a GPU).
+
+    python scripts/w8_sweep.py --out OUT.json
+
+For the Mistral-7B shape's four linears (qkv, o, gate_up, down) at one token (batch-1 decode), int8 and fp8 weights,
+bf16 activations: every (BLOCK_N, BLOCK_K, programs per SM, num_warps, num_stages) of a small grid, timed with
+triton.testing.do_bench against the kernel's current choice, as a fraction of the measured copy bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+import triton
+
+from minivllm.kernels.w8_matmul import _w8_matmul_kernel, w8_matmul
+from minivllm.layers.quantization import quantize_per_channel
+from minivllm_lab.bench import roofline
+from minivllm_lab.bench.metrics import hardware_name, source_commit
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def launch(x, w, scale, block_n, block_k, per_sm, warps, stages):
+    M, K = x.shape
+    N = w.shape[0]
+    fp8 = w.dtype == torch.float8_e4m3fn
+    block_m = 16
+    tiles = triton.cdiv(N, block_n)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    split_k = max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(K, block_k), 32))
+    split_k = 1 << (split_k.bit_length() - 1)
+    out = torch.zeros(M, N, dtype=torch.float32, device=x.device) if split_k > 1 else torch.empty(
+        M, N, dtype=x.dtype, device=x.device)
+    _w8_matmul_kernel[(triton.cdiv(M, block_m), tiles, split_k)](
+        x, w.view(torch.uint8) if fp8 else w, scale, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, FP8=fp8, num_warps=warps,
+        num_stages=stages)
+    return out if split_k == 1 else out.to(x.dtype)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    bw = roofline.measure_bandwidth_Bps()
+    grid = list(itertools.product((32, 64), (256, 512), (4, 8), (4, 8), (3, 4)))
+    result = {"hardware": hardware_name(), "commit": source_commit(), "bandwidth_GB_s": bw / 1e9,
+              "command": "python scripts/w8_sweep.py", "rows": []}
+    totals = {}
+    for kind, m in itertools.product(("int8", "fp8"), (1,)):
+        for name, (n, k) in SHAPES.items():
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            wf = torch.randn(n, k, device="cuda") * 0.02
+            w, scale = quantize_per_channel(wf, kind)
+            ref = x.float() @ (w.float() * scale[:, None]).T
+            nbytes = n * k + m * k * 2 + m * n * 2
+            current = triton.testing.do_bench(lambda: w8_matmul(x, w, scale), warmup=10, rep=50)
+            best = (current, "current")
+            for cfg in grid:
+                try:
+                    out = launch(x, w, scale, *cfg)
+                    if not torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item()):
+                        continue
+                    ms = triton.testing.do_bench(lambda: launch(x, w, scale, *cfg), warmup=5, rep=25)
+                except Exception as e:  # out of shared memory, say
+                    print(kind, m, name, cfg, type(e).__name__)
+                    continue
+                totals.setdefault((kind, m, cfg), 0.0)
+                totals[(kind, m, cfg)] += ms
+                if ms < best[0]:
+                    best = (ms, cfg)
+            row = {"kind": kind, "tokens": m, "linear": name, "current_ms": current,
+                   "current_fraction_of_bandwidth": nbytes / (current / 1e3) / bw,
+                   "best_ms": best[0], "best_config": best[1],
+                   "best_fraction_of_bandwidth": nbytes / (best[0] / 1e3) / bw}
+            print(row)
+            result["rows"].append(row)
+    # the one config that is best summed over the four linears, per (kind, tokens)
+    for kind, m in itertools.product(("int8", "fp8"), (1,)):
+        cands = {cfg: t for (kd, mm, cfg), t in totals.items() if kd == kind and mm == m}
+        cfg = min(cands, key=cands.get)
+        cur = sum(r["current_ms"] for r in result["rows"] if r["kind"] == kind and r["tokens"] == m)
+        print(kind, m, "best single config", cfg, f"{cands[cfg]:.4f} ms for the four linears against {cur:.4f} now")
+        result.setdefault("best_single_config", []).append(
+            {"kind": kind, "tokens": m, "config (BLOCK_N, BLOCK_K, programs per SM, warps, stages)": cfg,
+             "four_linears_ms": cands[cfg], "current_four_linears_ms": cur})
+    json.dump(result, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
