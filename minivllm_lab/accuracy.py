@@ -28,6 +28,11 @@ def teacher_forced(llm: LLM, token_ids: list[int]) -> tuple[list[int], list[floa
     return top1, logprobs
 
 
+def agreement(top1: list[int], ref_top1: list[int]) -> float:
+    """The share of positions where two models' top-1 tokens match."""
+    return sum(a == b for a, b in zip(top1, ref_top1)) / len(top1)
+
+
 def perplexity(logprobs: list[float]) -> float:
     return math.exp(-sum(logprobs) / len(logprobs))
 
@@ -47,7 +52,7 @@ def quantization_gates(model: str = "smollm2-135m", text: str | None = None, con
         llm = LLM(model, quantization=quantization, kv_cache_dtype=kv_cache_dtype, **engine_args)
         top1, logprobs = teacher_forced(llm, token_ids)
         ppl = perplexity(logprobs)
-        results[name] = {"top1_agreement": sum(a == b for a, b in zip(top1, ref_top1)) / len(top1),
+        results[name] = {"top1_agreement": agreement(top1, ref_top1),
                          "perplexity": ppl, "perplexity_change": ppl / ref_ppl - 1, "positions": len(top1)}
     return results
 
@@ -68,7 +73,7 @@ def main(argv=None) -> dict:
     bf16 = LLM("smollm2-135m", dtype="bfloat16", device="cpu", max_model_len=1024, num_kv_blocks=128)
     top1, logprobs = teacher_forced(bf16, token_ids)
     gates["bfloat16, unquantized"] = {
-        "top1_agreement": sum(a == b for a, b in zip(top1, ref_top1)) / len(top1),
+        "top1_agreement": agreement(top1, ref_top1),
         "perplexity": perplexity(logprobs), "perplexity_change": perplexity(logprobs) / perplexity(ref_logprobs) - 1,
         "positions": len(top1)}
     result = {"hardware": hardware_name("cpu"), "commit": source_commit(), "model": "smollm2-135m (float32 reference)",

@@ -14,7 +14,7 @@ import torch
 
 import minivllm.layers.quantization as quantization
 from minivllm import LLM
-from minivllm_lab.accuracy import GATES_TEXT, quantization_gates, teacher_forced
+from minivllm_lab.accuracy import GATES_TEXT, agreement, quantization_gates, teacher_forced
 
 ARGS = dict(dtype="float32", device="cpu", max_model_len=1024, num_kv_blocks=128)
 CLIP_RATIOS = (1.0, 0.98, 0.96, 0.94, 0.92, 0.9, 0.88, 0.85, 0.8)
@@ -24,15 +24,19 @@ def clip_searched(weight: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.
     top = quantization.FP8_MAX if kind == "fp8" else quantization.INT8_MAX
     w = weight.float()
     amax = w.abs().amax(dim=1).clamp(min=1e-12)
-    best_err = best_scale = None
-    for r in CLIP_RATIOS:
-        scale = amax * r / top
+
+    def error(scale):  # the squared error of each row rounded with these scales
         s = (w / scale[:, None]).clamp(-top, top)
         rounded = s.round() if kind == "int8" else s.to(torch.float8_e4m3fn).float()
-        err = ((rounded * scale[:, None] - w) ** 2).sum(1)
-        better = err < best_err if best_err is not None else torch.ones_like(err, dtype=torch.bool)
-        best_err = err if best_err is None else torch.where(better, err, best_err)
-        best_scale = scale if best_scale is None else torch.where(better, scale, best_scale)
+        return ((rounded * scale[:, None] - w) ** 2).sum(1)
+
+    best_scale = amax / top
+    best_err = error(best_scale)
+    for r in CLIP_RATIOS[1:]:
+        scale = amax * r / top
+        err = error(scale)
+        better = err < best_err
+        best_err, best_scale = torch.where(better, err, best_err), torch.where(better, scale, best_scale)
     scaled = w / best_scale[:, None]
     if kind == "int8":
         scaled = scaled.round()
@@ -70,7 +74,7 @@ def main() -> None:
             layer.self_attn.attn.k_scale = layer.self_attn.attn.v_scale = scale
         top1, _ = teacher_forced(llm, token_ids)
         print(f"fp8 KV, k_scale = v_scale = {scale:g}: top-1 agreement "
-              f"{sum(a == b for a, b in zip(top1, ref_top1)) / len(top1):.3f}")
+              f"{agreement(top1, ref_top1):.3f}")
 
 
 if __name__ == "__main__":

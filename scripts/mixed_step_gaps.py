@@ -20,6 +20,7 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm_lab.bench.metrics import hardware_name, source_commit
+from minivllm_lab.bench.mixed_step import add_decodes
 from minivllm_lab.bench.profile import profiler
 
 SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaMemcpyAsync")
@@ -29,11 +30,8 @@ def mixed_engine(enforce_eager: bool, decodes=256, chunk=512, prompt_chunks=12):
     llm = LLM("mistral-7b", load_format="dummy", dtype="bfloat16", max_model_len=8192, max_num_seqs=decodes + 1,
               max_num_batched_tokens=decodes + chunk, enforce_eager=enforce_eager)
     engine = llm.llm_engine
-    g = torch.Generator().manual_seed(0)
     vocab = engine.model.config.vocab_size
-    for i in range(decodes):
-        engine.add_request(f"d{i}", torch.randint(0, vocab, (64,), generator=g).tolist(),
-                           SamplingParams(max_tokens=2000, ignore_eos=True))
+    g = add_decodes(engine, decodes, prompt_len=64, max_tokens=2000)
     while any(seq.num_uncomputed_tokens > 1 for seq in engine.requests.values()):
         engine.step()
     for _ in range(8):

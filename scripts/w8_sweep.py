@@ -47,16 +47,22 @@ def _w8_gemv_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, N, K, stride_wn, BLOCK_N: 
         tl.atomic_add(out_ptr + cols, y, mask=cols < N)
 
 
-def launch_gemv(x, w, scale, block_n, block_k, per_sm, warps, stages):
-    K = x.shape[1]
-    N = w.shape[0]
-    fp8 = w.dtype == torch.float8_e4m3fn
+def _split_and_out(x, N, K, block_n, block_k, per_sm):
+    """(output tiles, split-K factor, output buffer): w8_matmul's rule with `per_sm` programs per multiprocessor,
+    and the float32 buffer the split programs add into."""
     tiles = triton.cdiv(N, block_n)
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     split_k = max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(K, block_k), 32))
     split_k = 1 << (split_k.bit_length() - 1)
-    out = torch.zeros(1, N, dtype=torch.float32, device=x.device) if split_k > 1 else torch.empty(
-        1, N, dtype=x.dtype, device=x.device)
+    out = torch.zeros(x.shape[0], N, dtype=torch.float32, device=x.device) if split_k > 1 else torch.empty(
+        x.shape[0], N, dtype=x.dtype, device=x.device)
+    return tiles, split_k, out
+
+
+def launch_gemv(x, w, scale, block_n, block_k, per_sm, warps, stages):
+    (K,), N = x.shape[1:], w.shape[0]
+    tiles, split_k, out = _split_and_out(x, N, K, block_n, block_k, per_sm)
+    fp8 = w.dtype == torch.float8_e4m3fn
     _w8_gemv_kernel[(tiles, split_k)](x, w.view(torch.uint8) if fp8 else w, scale, out, N, K, w.stride(0),
                                       BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, FP8=fp8, num_warps=warps,
                                       num_stages=stages)
@@ -64,16 +70,10 @@ def launch_gemv(x, w, scale, block_n, block_k, per_sm, warps, stages):
 
 
 def launch(x, w, scale, block_n, block_k, per_sm, warps, stages):
-    M, K = x.shape
-    N = w.shape[0]
+    (M, K), N = x.shape, w.shape[0]
+    tiles, split_k, out = _split_and_out(x, N, K, block_n, block_k, per_sm)
     fp8 = w.dtype == torch.float8_e4m3fn
     block_m = 16
-    tiles = triton.cdiv(N, block_n)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    split_k = max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(K, block_k), 32))
-    split_k = 1 << (split_k.bit_length() - 1)
-    out = torch.zeros(M, N, dtype=torch.float32, device=x.device) if split_k > 1 else torch.empty(
-        M, N, dtype=x.dtype, device=x.device)
     _w8_matmul_kernel[(triton.cdiv(M, block_m), tiles, split_k)](
         x, w.view(torch.uint8) if fp8 else w, scale, out, M, N, K, x.stride(0), w.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, FP8=fp8, num_warps=warps,

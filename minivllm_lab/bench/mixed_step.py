@@ -44,6 +44,17 @@ def step_period_ms(engine, num_steps: int, device) -> float:
     return (time.perf_counter() - start) / num_steps * 1e3
 
 
+def add_decodes(engine, decodes: int, prompt_len: int, max_tokens: int) -> torch.Generator:
+    """`decodes` requests of random `prompt_len`-token prompts, each answering `max_tokens` tokens (EOS ignored);
+    returns the generator that drew them, for the prompts that follow."""
+    vocab = engine.model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    for i in range(decodes):
+        engine.add_request(f"d{i}", torch.randint(0, vocab, (prompt_len,), generator=g).tolist(),
+                           SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return g
+
+
 def measure(model: str, engine_args: dict, decodes: int, chunk: int, chunks: int, steps: int, runs: int,
             prompt_len: int, profile: bool = False) -> dict:
     """decode_ms and mixed_ms (medians), their runs, the (decodes, prompt tokens) of the timed steps; with
@@ -59,10 +70,7 @@ def measure(model: str, engine_args: dict, decodes: int, chunk: int, chunks: int
         return out
 
     engine.scheduler.schedule = recorded_schedule
-    g = torch.Generator().manual_seed(0)
-    for i in range(decodes):  # short prompts, answers that outlast the measurement
-        engine.add_request(f"d{i}", torch.randint(0, vocab, (prompt_len,), generator=g).tolist(),
-                           SamplingParams(max_tokens=10 * (steps + chunks) * runs + 100, ignore_eos=True))
+    g = add_decodes(engine, decodes, prompt_len, max_tokens=10 * (steps + chunks) * runs + 100)
     while any(seq.num_uncomputed_tokens > 1 for seq in engine.requests.values()) or len(shapes) < 4:
         engine.step()  # every prompt in; a few decodes as warm-up
     shapes.clear()
