@@ -8,7 +8,13 @@ import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
 from minivllm.attention import AttentionMetadata, torch_ref
-from minivllm.layers.quantization import dequantize, fp8_scaled_mm, quantize_per_channel, quantized_linear
+from minivllm.layers.quantization import (
+    dequantize,
+    fp8_scaled_mm,
+    quantize_per_channel,
+    quantize_per_token,
+    quantized_linear,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 needs_fp8 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
@@ -47,6 +53,26 @@ def test_fp8_scaled_mm_scales_each_token():
     y = fp8_scaled_mm(x, qweight, scale)
     rows = [i for i in range(128) if i != 7]
     assert _relative_error(y[rows], ref[rows]) < 0.06
+
+
+@needs_fp8
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_per_token_quant_fp8_writes_torchs_bytes(dtype):
+    from minivllm.kernels import per_token_quant_fp8
+    seed = random.randrange(2**31)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    # Magnitudes from 3e-4 to 1e3 of the row's own, from 1e-3 to 1 (float16's range), a row of zeros, strided rows.
+    x = torch.randn(300, 3000, device="cuda", generator=g)
+    x *= torch.empty_like(x).uniform_(-8, 7, generator=g).exp()
+    x *= torch.empty(300, 1, device="cuda").uniform_(-7, 0, generator=g).exp()
+    x[5] = 0
+    x = x.to(dtype)[:, 100:2900]
+    x_q, scale = per_token_quant_fp8(x)
+    # The reference runs on the CPU: torch on CUDA divides by a Python number as a multiply by its reciprocal,
+    # which can be an ulp off the correctly rounded amax / 448.
+    ref_q, ref_scale = quantize_per_token(x.cpu())
+    assert torch.equal(scale.cpu(), ref_scale), f"{seed=}"
+    assert torch.equal(x_q.cpu().view(torch.uint8), ref_q.view(torch.uint8)), f"{seed=}"
 
 
 @needs_fp8

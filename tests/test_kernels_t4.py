@@ -12,6 +12,9 @@ included. For each kernel, at the shapes of Mistral-7B (head_dim 128) and Llama-
    num_stages) is recorded instead of run;
 2. that launch is compiled for sm_75 and its shared memory compared with 64 KiB.
 
+FP8 (e4m3) needs compute capability 8.9 (minivllm refuses fp8 below it, and Triton will not compile
+tl.float8e4nv for less): the wrapper calls only fp8 makes (FP8_ONLY) compile for an sm_89 instead.
+
 The compiling happens in a child Python process, this file run as a script: on a CPU the tests
 run under TRITON_INTERPRET=1 (see the root conftest.py), and then `triton.jit`, for Triton's own
 `tl.*` helpers too, makes interpreter stand-ins that cannot be compiled. By hand:
@@ -54,7 +57,9 @@ LAUNCHES = {
     "decode, 64 splits": ["_decode_kernel", "_reduce_kernel"],
     "prefill": ["_prefill_attention_kernel"],
     "w8_matmul": ["_w8_matmul_kernel"],
+    "per_token_quant_fp8": ["_per_token_quant_fp8_kernel"],
 }
+FP8_ONLY = {"per_token_quant_fp8": "8.9"}   # call -> the capability it compiles for instead of a T4's
 CASES = [(model, call, kernel) for model in MODELS for call, kernels in LAUNCHES.items() for kernel in kernels]
 
 
@@ -116,11 +121,12 @@ def t4_report():
     return json.loads(child.stdout)
 
 
-@pytest.mark.slow  # 16 compilations: about 20 s on a CPU, unless Triton's cache already holds them
+@pytest.mark.slow  # 18 compilations: about 20 s on a CPU, unless Triton's cache already holds them
 @pytest.mark.parametrize("model, call, kernel", CASES)
 def test_kernel_fits_a_t4(t4_report, model, call, kernel):
     result = t4_report[model][f"{call} / {kernel}"]
-    assert "error" not in result, f"{kernel} does not compile for sm_75: {result['error']}"
+    arch = "sm_" + FP8_ONLY.get(call, T4_CAPABILITY).replace(".", "")
+    assert "error" not in result, f"{kernel} does not compile for {arch}: {result['error']}"
     assert result["shared"] <= T4_SHARED_MEMORY, f"{kernel} needs {result['shared']} bytes ({result['settings']})"
 
 
@@ -134,6 +140,7 @@ def wrapper_calls(config: dict) -> dict:
         apply_rotary_,
         paged_decode_attention,
         paged_prefill_attention,
+        per_token_quant_fp8,
         rms_norm,
         silu_and_mul,
         store_kv,
@@ -169,6 +176,7 @@ def wrapper_calls(config: dict) -> dict:
                                                    torch.tensor([tokens], dtype=i32), block_tables[:1], tokens,
                                                    dim ** -0.5, window),
         "w8_matmul": lambda: w8_matmul(x, torch.zeros(ffn, hidden, dtype=torch.int8), torch.ones(ffn)),
+        "per_token_quant_fp8": lambda: per_token_quant_fp8(x),
     }
 
 
@@ -208,8 +216,8 @@ def recording():
 def triton_type(value) -> str:
     """The signature type Triton gives a launch argument: a tensor is a pointer to its dtype."""
     if isinstance(value, torch.Tensor):
-        return "*" + {torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.int32: "i32",
-                      torch.int64: "i64"}[value.dtype]
+        return "*" + {torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.uint8: "u8",
+                      torch.int32: "i32", torch.int64: "i64"}[value.dtype]
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):
@@ -217,9 +225,9 @@ def triton_type(value) -> str:
     return "fp32"
 
 
-def compile_for_t4(kernel, args: tuple, kwargs: dict):
-    """Compile one recorded launch for sm_75. A real launch also tells the compiler which pointers
-    and integers are multiples of 16; left out here: that widens loads but leaves the tiles held in
+def compile_for_t4(kernel, args: tuple, kwargs: dict, capability: str = T4_CAPABILITY):
+    """Compile one recorded launch for sm_75 (or `capability`). A real launch also tells the compiler which
+    pointers and integers are multiples of 16; left out here: that widens loads but leaves the tiles held in
     shared memory as they are (the same bytes either way, for both attention kernels)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -228,9 +236,9 @@ def compile_for_t4(kernel, args: tuple, kwargs: dict):
     values = dict(zip(kernel.arg_names, args)) | {k: v for k, v in kwargs.items() if k not in options}
     constexprs = {p.name: values[p.name] for p in kernel.params if p.is_constexpr}
     signature = {name: "constexpr" if name in constexprs else triton_type(values[name]) for name in kernel.arg_names}
-    major, minor = target.parse_capability(T4_CAPABILITY)
-    t4 = GPUTarget("cuda", 10 * major + minor, 32)   # 32 threads a warp
-    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=t4,
+    major, minor = target.parse_capability(capability)
+    gpu = GPUTarget("cuda", 10 * major + minor, 32)   # 32 threads a warp
+    return triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=gpu,
                           options=options), options, constexprs
 
 
@@ -247,8 +255,9 @@ def measure(config: dict) -> dict:
         # Compiled once the Recorders are gone: a kernel's calls to other jit functions (rotary's
         # `_rotate_heads`) are looked up in its module when it compiles.
         for kernel, args, kwargs in launches:
+            capability = FP8_ONLY.get(call, T4_CAPABILITY)
             try:
-                compiled, options, constexprs = compile_for_t4(kernel, args, kwargs)
+                compiled, options, constexprs = compile_for_t4(kernel, args, kwargs, capability)
             except Exception as error:          # reported by the test of this kernel
                 report[f"{call} / {kernel.__name__}"] = {"error": f"{type(error).__name__}: {error}"}
                 continue
@@ -269,7 +278,7 @@ def main():
     for model, report in reports.items():
         for launch, result in report.items():
             shared = f"{result['shared']:6} bytes" if "shared" in result else "ERROR"
-            print(f"{model:13} {launch:45} {shared}  {result.get('settings', result.get('error'))}")
+            print(f"{model:13} {launch:50} {shared}  {result.get('settings', result.get('error'))}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Decode is memory-bound, so KV is read in place through the block table, one prog
 whole GQA group, tiles before the sliding window are skipped, and long contexts are split into
 parts (split-K) that `_reduce_kernel` merges. Online softmax in fp32, base 2 (exp2).
 The cache may be fp8 (e4m3) with one scale per tensor (vLLM's uncalibrated default is 1.0): it holds
-x / scale, read as stored * scale in q's dtype.
+x / scale, read as stored * scale: each tile is widened exactly to q's dtype, and k_scale multiplies the scores,
+v_scale the output.
 Reference: `minivllm.attention.torch_ref.paged_attention`.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ LOG2E = 1.4426950408889634  # exp(x) = 2^(x * log2 e)
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr,
     out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    qk_scale, window, k_scale, v_scale,
+    qk_scale, window, v_scale,
     stride_qb, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_bt,
@@ -74,9 +75,9 @@ def _decode_kernel(
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if FP8:  # bytes, as store_kv wrote them
-            k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(q.dtype)
-            v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * v_scale).to(q.dtype)
+        if FP8:  # bytes, as store_kv wrote them, widened exactly; the scales act on the scores and the output
+            k = k.to(tl.float8e4nv, bitcast=True).to(q.dtype)
+            v = v.to(tl.float8e4nv, bitcast=True).to(q.dtype)
         if DOT_IN_FP32:
             k, v = k.to(tl.float32), v.to(tl.float32)
 
@@ -90,6 +91,8 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    if FP8:
+        acc = acc * v_scale
     out_mask = h_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # 0 for a padding row
@@ -206,8 +209,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens,
         out, part_m, part_l, part_acc,
-        scale * LOG2E, sliding_window or 2 ** 30,   # no window: one longer than any context
-        k_scale, v_scale,
+        scale * LOG2E * (k_scale if fp8 else 1.0), sliding_window or 2 ** 30,   # no window: longer than any context
+        v_scale,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),

@@ -5,7 +5,8 @@ query position p sees keys j <= p (and j > p - sliding_window). Grid (num_seqs *
 BLOCK_M), Hq): one program owns BLOCK_M queries of one sequence and head, and walks key tiles of
 BLOCK_N tokens through the block table with an online softmax in fp32.
 The cache may be fp8 (e4m3) with one scale per tensor (vLLM's uncalibrated default is 1.0): it holds
-x / scale, read as stored * scale.
+x / scale, read as stored * scale: each tile is widened exactly to q's dtype, and k_scale multiplies the
+scores, v_scale the output.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _prefill_attention_kernel(
     Q, K, V, O, cu_seqlens_q, context_lens, block_tables,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_bt,
-    scale, window, num_q_tiles, group, k_scale, v_scale,
+    scale, window, num_q_tiles, group, v_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr,
@@ -68,9 +69,9 @@ def _prefill_attention_kernel(
         kv_mask = n_valid[:, None] & d_valid[None, :]
         k = tl.load(K + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(V + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if FP8:  # bytes, as store_kv wrote them
-            k = (k.to(tl.float8e4nv, bitcast=True).to(tl.float32) * k_scale).to(Q.dtype.element_ty)
-            v = (v.to(tl.float8e4nv, bitcast=True).to(tl.float32) * v_scale).to(Q.dtype.element_ty)
+        if FP8:  # bytes, as store_kv wrote them, widened exactly; the scales act on the scores and the output
+            k = k.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
+            v = v.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
         k, v = k.to(DOT_DTYPE), v.to(DOT_DTYPE)
 
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
@@ -89,6 +90,8 @@ def _prefill_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    if FP8:
+        acc = acc * v_scale
     out = acc / l_i[:, None]
     o_ptrs = O + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
     tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
@@ -140,7 +143,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q, k_cache, v_cache, out, cu_seqlens_q, context_lens, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        scale, sliding_window or 0, num_q_tiles, num_heads // num_kv_heads, k_scale, v_scale,
+        scale * (k_scale if fp8 else 1.0), sliding_window or 0, num_q_tiles, num_heads // num_kv_heads, v_scale,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=sliding_window is not None,
         DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", FP8=fp8,

@@ -33,6 +33,12 @@ def quantize_per_channel(weight: torch.Tensor, kind: str) -> tuple[torch.Tensor,
     return scaled.clamp(-top, top).to(DTYPES[kind]), scale
 
 
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x_q [M, K] in fp8 e4m3, scale [M, 1] float32), the reference of `per_token_quant_fp8`."""
+    scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
 def dequantize(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (qweight.float() * scale[:, None]).to(dtype)
 
@@ -55,9 +61,10 @@ def quantized_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor
 
 
 def fp8_scaled_mm(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """W8A8: x quantized to e4m3 with one scale per token, both scales applied by the matmul's epilogue."""
-    x_scale = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    x_q = (x.float() / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    """W8A8: x quantized to e4m3 with one scale per token (`per_token_quant_fp8`, one Triton kernel), both
+    scales applied by the matmul's epilogue."""
+    from ..kernels import per_token_quant_fp8  # triton: imported only on a GPU
+    x_q, x_scale = per_token_quant_fp8(x)
     # _scaled_mm wants the second operand column-major: W_q.T of a row-major W_q is.
     return torch._scaled_mm(x_q, qweight.t(), scale_a=x_scale, scale_b=scale[None, :], out_dtype=x.dtype)
 

@@ -10,6 +10,7 @@
     python -m minivllm_lab.bench.quantization --out figures/17_quantization.json   # Mistral-7B's shape, bf16
     python -m minivllm_lab.bench.quantization --t4 --out t4.json      # a T4's budget: Llama-3.2-1B, fp16, int8
     python -m minivllm_lab.bench.quantization --smoke                 # a tiny model, seconds, any machine
+    python -m minivllm_lab.bench.quantization --kernels --out k.json  # the linear layers and decode attention only
 
 On an H200 the first command also runs the second in a child process and keeps its result under "t4_profile".
 """
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from minivllm import LLM
 from minivllm.layers.quantization import fp8_scaled_mm, quantize_per_channel
 from minivllm.models.loader import resolve_model
+from minivllm.utils import plural
 
 from ..machine import T4_CAPABILITY, T4_MEMORY_GIB, free_memory, tiny_checkpoint
 from . import roofline, runners
@@ -138,7 +140,7 @@ def linear_kernels(shape: roofline.ModelShape, dtype: torch.dtype, bandwidth: fl
             if bandwidth:
                 row[path]["fraction_of_bandwidth"] = nbytes / (ms / 1e3) / bandwidth
         out[str(m)] = row
-        print(f"{m:>5} tokens: " + ", ".join(f"{p} {r['ms'] * 1e3:.0f} us" for p, r in row.items()))
+        print(f"{plural(m, 'token'):>12}: " + ", ".join(f"{p} {r['ms'] * 1e3:.0f} us" for p, r in row.items()))
     return out
 
 
@@ -177,8 +179,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="bench-results/17_quantization.json")
     parser.add_argument("--t4", action="store_true", help="a T4's budget: 15 GiB, fp16, T4 kernels, Llama-3.2-1B")
     parser.add_argument("--smoke", action="store_true", help="a tiny model and workloads, any machine")
+    parser.add_argument("--kernels", action="store_true", help="only the linear layers and decode attention (a GPU)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
+    if args.kernels and not cuda:
+        raise SystemExit("--kernels times the GPU's kernels: it needs one")
     if args.t4:
         if not cuda:
             raise SystemExit("--t4 reproduces a T4 on a larger GPU: it needs one")
@@ -201,7 +206,7 @@ def main(argv=None) -> dict:
               + (" (T4 profile: 15 GiB cap, T4 kernel settings)" if args.t4 else ""),
               "commit": source_commit(),
               "command": "python -m minivllm_lab.bench.quantization" + (" --t4" if args.t4 else "")
-              + (" --smoke" if args.smoke else ""),
+              + (" --smoke" if args.smoke else "") + (" --kernels" if args.kernels else ""),
               "bandwidth_GB_s": bandwidth / 1e9 if bandwidth else None}
     if not cuda:  # the KV pool is sized by num_kv_blocks on a CPU: only the tok/s are measured
         result["batch1_decode"] = {}
@@ -211,9 +216,11 @@ def main(argv=None) -> dict:
             del llm
         save_json(args.out, result)
         return result
-    result["batch1_decode"] = batch1_decode(model, engine_args, configs, bandwidth, steps=10 if args.smoke else 100)
-    save_json(args.out, result)  # each part as it comes: a run cut short keeps what it measured
-    if not args.t4:
+    if not args.kernels:
+        result["batch1_decode"] = batch1_decode(model, engine_args, configs, bandwidth,
+                                                steps=10 if args.smoke else 100)
+        save_json(args.out, result)  # each part as it comes: a run cut short keeps what it measured
+    if not args.t4 and not args.kernels:
         kv = {name: row["num_kv_blocks"] for name, row in result["batch1_decode"].items()}
         result["kv_blocks_at_equal_memory"] = {"kv_cache_memory_bytes": KV_MEMORY, **kv}
         small = dict(num_requests=8) if args.smoke else {}
@@ -225,7 +232,7 @@ def main(argv=None) -> dict:
     result["linear_kernels"] = linear_kernels(shape, dtype, bandwidth, TOKENS[:3] if args.smoke else TOKENS, kinds)
     result["decode_attention_kernel"] = decode_attention_kernel(shape, dtype, bandwidth, fp8)
     save_json(args.out, result)
-    if not args.t4 and not args.smoke:
+    if not (args.t4 or args.smoke or args.kernels):
         with tempfile.TemporaryDirectory() as tmp:
             result["t4_profile"] = t4_profile(os.path.join(tmp, "t4.json"))
     save_json(args.out, result)
