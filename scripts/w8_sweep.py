@@ -136,6 +136,7 @@ def main() -> None:
                    "bf16_linear_ms": bf16_ms, "bf16_fraction_of_bandwidth": 2 * nbytes / (bf16_ms / 1e3) / bw}
             print(row)
             result["rows"].append(row)
+            json.dump(result, open(args.out, "w"), indent=1)  # row by row: a run cut short keeps what it timed
     # the one config that is best summed over the four linears, per (kind, tokens)
     for kind, m in itertools.product(("fp8", "int8"), (1,)):
         cands = {cfg: sum(t) for (kd, mm, cfg), t in totals.items() if kd == kind and mm == m and len(t) == len(SHAPES)}
