@@ -21,7 +21,7 @@ json.dump(out, open(sys.argv[1], "w"), indent=1)
 timeout 100 python -m pytest -q -x tests/test_kernel_fp8_quant.py tests/test_kernel_fp8_kv.py \
   tests/test_kernel_decode_attention.py tests/test_kernel_prefill_attention.py 2>&1 | tail -3
 timeout 80 python -m pytest -q -x -m gpu tests/test_gpu_quantization.py 2>&1 | tail -3
-timeout 150 python -c "$kernels" "$OUT/kernels_now.json"
-(cd "$BASE" && PYTHONPATH="/tmp/site:$PWD" timeout 150 python -c "$kernels" "$OUT/kernels_base.json")
-timeout 200 python scripts/mixed_step_gaps.py --out "$OUT/gaps.json" 2>&1 | tail -40
+timeout 100 python -c "$kernels" "$OUT/kernels_now.json"
+(cd "$BASE" && PYTHONPATH="/tmp/site:$PWD" timeout 100 python -c "$kernels" "$OUT/kernels_base.json")
+timeout 170 python scripts/mixed_step_gaps.py --out "$OUT/gaps.json" 2>&1 | tail -40
 timeout 150 python scripts/w8_sweep.py --out "$OUT/w8_sweep.json" 2>&1 | grep -v "^{'kind'" | tail -12
