@@ -69,6 +69,7 @@ class Reference:
     data: dict | None
     where: str
     is_this_run: bool = False
+    kind: str = "committed run"  # "benchmark run" for a benchmark's JSON, made by another run than the notebooks'
 
     @property
     def found(self) -> bool:
@@ -94,7 +95,7 @@ class Reference:
         """A small table, one row per (label, this run's value, key of the committed value[, format]); the
         columns are named by their hardware, the committed one left out in the committed run itself.
         Returned as text, to print."""
-        header = ["metric", f"this run ({yours})"] + ([] if self.is_this_run else [f"committed run ({self.hardware})"])
+        header = ["metric", f"this run ({yours})"] + ([] if self.is_this_run else [f"{self.kind} ({self.hardware})"])
         lines = []
         for label, mine, key, *row_spec in rows:  # a row's own format (".0%") wins over the table's
             fmt = row_spec[0] if row_spec else spec
@@ -115,7 +116,7 @@ class Reference:
     def __str__(self) -> str:
         if self.is_this_run:
             return f"reference {self.name}: this run is the committed run ({REFERENCE_RUN_VARIABLE}=1)"
-        state = f"the committed run on {self.hardware}" if self.found else "no committed run"
+        state = f"the {self.kind} on {self.hardware}" if self.found else f"no {self.kind}"
         return f"reference {self.name}: {state} ({self.where})"
 
 
@@ -127,18 +128,19 @@ def load_reference(name: str, figures: Path | None = None, url: str | None = Non
     another run made (`written_by_this_run=False`: a benchmark's JSON that a notebook shows) is read as ever."""
     if written_by_this_run and this_is_the_reference_run():
         return Reference(name, None, "this run makes the committed outputs", is_this_run=True)
+    kind = "committed run" if written_by_this_run else "benchmark run"
     folder = Path(figures) if figures is not None else REPO_ROOT / "figures"
     path = folder / f"{name}.json"
     if path.exists():
-        return Reference(name, json.loads(path.read_text()), str(path))
+        return Reference(name, json.loads(path.read_text()), str(path), kind=kind)
     url = url or raw_url(name)
     if url is None:
-        return Reference(name, None, f"{path} is missing and the repository's URL is unknown")
+        return Reference(name, None, f"{path} is missing and the repository's URL is unknown", kind=kind)
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return Reference(name, json.loads(response.read().decode()), url)
+            return Reference(name, json.loads(response.read().decode()), url, kind=kind)
     except (OSError, ValueError) as error:  # offline, 404, or not JSON: the notebook goes on without it
-        return Reference(name, None, f"offline or not found: {url} ({type(error).__name__})")
+        return Reference(name, None, f"offline or not found: {url} ({type(error).__name__})", kind=kind)
 
 
 def readings(run: dict, sentences, describe=None, width: int = 110) -> str:

@@ -86,6 +86,9 @@ def test_the_committed_run_still_reads_a_file_another_run_made(tmp_path, monkeyp
     monkeypatch.setenv("MINIVLLM_REFERENCE_RUN", "1")
     ref = load_reference("serving_capacity_h200", figures=tmp_path, written_by_this_run=False)
     assert ref.found and not ref.is_this_run and ref.value("capacity") == 100
+    # named for what it is: not the notebook's committed run, which may have run on another GPU
+    assert "the benchmark run on NVIDIA H200" in str(ref)
+    assert "benchmark run (NVIDIA H200)" in ref.table([("x", 1.0, "capacity")], yours="NVIDIA H100").splitlines()[0]
     monkeypatch.setenv("MINIVLLM_REFERENCE_RUN", "0")
     missing = load_reference("gone", figures=tmp_path, url="http://127.0.0.1:9/gone.json", timeout_s=0.5)
     assert missing.table([("x", 1.0, "x")], yours="CPU").splitlines()[0].split() == [
