@@ -101,7 +101,7 @@ def test_fp8_kv_kernels_match_the_torch_reference(context):
     cu = torch.arange(0, seqs * context + 1, context, dtype=torch.int32, device="cuda")
     meta = torch_ref.TorchAttentionMetadata.build(AttentionMetadata(cu, lens, slots, tables, block, context, context))
     ref = torch_ref.paged_attention(q, k_cache, v_cache, meta, d ** -0.5, k_scale=k_scale, v_scale=v_scale)
-    out = paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, context, d ** -0.5,
+    out = paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, d ** -0.5,
                                   k_scale=k_scale, v_scale=v_scale)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
     last = cu[1:] - 1

@@ -134,3 +134,19 @@ def test_gpu_tile_sizes_in_the_interpreter(monkeypatch, tile):
     check([1, 16, 17, 150, 0, 300], 8, 2, 64, 16, torch.float32, splits=(None, 1, 3))
     check([5, 70, 129, 260], 3, 1, 32, 5, torch.bfloat16, splits=(1, 2))
     check([20, 33, 100, 270], 4, 2, 32, 16, torch.float32, window=40, splits=(None, 1, 2))
+
+
+def test_in_a_mixed_batch_answers_the_one_query_sequences_in_place():
+    # q holds every token of the step; cu_seqlens_q says where each sequence's queries are. The decode kernel
+    # writes the rows of the sequences with one query (anywhere in the batch) and no other row.
+    (q, k, v, tables, lens), _ = make_case([5, 17, 9, 30], 4, 2, 32, 4, torch.float32, None, "cpu")
+    alone = paged_decode_attention(q, k, v, tables, lens, 32 ** -0.5)
+    q_lens = [1, 3, 1, 2]                                             # sequences 0 and 2 decode
+    cu = torch.tensor([0] + q_lens).cumsum(0).int()
+    rows = torch.randn(int(cu[-1]), *q.shape[1:])
+    rows[cu[:-1].long()] = q                                          # each sequence's first query is q's row
+    for num_splits in (1, 2):
+        out = torch.full_like(rows, 7.0)
+        paged_decode_attention(rows, k, v, tables, lens, 32 ** -0.5, num_splits=num_splits, cu_seqlens_q=cu, out=out)
+        torch.testing.assert_close(out[[0, 4]], alone[[0, 2]], **TOL[torch.float32])
+        assert (out[[1, 2, 3, 5, 6]] == 7.0).all()

@@ -105,7 +105,7 @@ def test_prefill_reads_fp8_cache(dtype, k_scale, v_scale, window):
     q = torch.randn(sum(q_lens), num_heads, head_dim, generator=g).to(dtype).to(DEVICE)
     cu_seqlens = torch.tensor([0] + q_lens, device=DEVICE).cumsum(0).int()
     lens = torch.tensor(context_lens, dtype=torch.int32, device=DEVICE)
-    args = (cu_seqlens, lens, tables, max(q_lens), head_dim ** -0.5, window)
+    args = (cu_seqlens, lens, tables, head_dim ** -0.5, window)
     out = paged_prefill_attention(q, k_cache, v_cache, *args, k_scale=k_scale, v_scale=v_scale)
     ref = paged_prefill_attention(q, dequantize(k_cache, k_scale, dtype), dequantize(v_cache, v_scale, dtype), *args)
     assert out.dtype == dtype

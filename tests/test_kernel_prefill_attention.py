@@ -59,7 +59,7 @@ def make_case(q_lens, earlier, block_size, num_heads, num_kv_heads, head_dim, dt
     q = qkv.to(**to)[:, :num_heads]                          # a strided view, as the model passes it
     inputs = dict(q=q, k_cache=k_kernel.to(**to)[1:], v_cache=v_kernel.to(**to)[1:],
                   cu_seqlens_q=cu.to(device), context_lens=torch.tensor(ctx, dtype=torch.int32, device=device),
-                  block_tables=table.to(torch.int32).to(device), max_query_len=max(q_lens),
+                  block_tables=table.to(torch.int32).to(device),
                   scale=head_dim ** -0.5, sliding_window=window)
     meta = AttentionMetadata(cu_seqlens_q=cu.to(device), context_lens=inputs["context_lens"],
                              slot_mapping=torch.zeros(cu[-1].item(), dtype=torch.int64, device=device),
@@ -150,3 +150,35 @@ def test_gpu_tile_sizes_in_the_interpreter(monkeypatch, tiles):
     check(inputs, meta, k, v, **TOL[torch.float32])
     inputs, meta, k, v, _ = make_case([1, 5, 70, 140], [0, 3, 80, 45], 5, 4, 2, 32, torch.float32, window=37, seed=5)
     check(inputs, meta, k, v, **TOL[torch.float32])
+
+
+def test_a_padded_batch_gives_the_same_rows():
+    # A CUDA graph replays the launch of a batch padded to T tokens and S sequences: the padding sequences are
+    # empty (their cu_seqlens entries repeat the last one), the padding rows of q are never read (NaN here),
+    # and the output's padding rows are never written.
+    q_lens, earlier = [1, 6, 1, 19, 2], [4, 0, 30, 3, 9]
+    inputs, meta, k, v, _ = make_case(q_lens, earlier, 4, 4, 2, 32, torch.float32, seed=5)
+    out = paged_prefill_attention(**inputs)
+    check(inputs, meta, k, v, **TOL[torch.float32])
+    t, pad_rows, pad_seqs = sum(q_lens), 13, 6
+    q = torch.cat([inputs["q"], torch.full((pad_rows, *inputs["q"].shape[1:]), float("nan"), device=DEVICE)])
+    padded = dict(inputs, q=q,
+                  cu_seqlens_q=torch.cat([inputs["cu_seqlens_q"], torch.full((pad_seqs,), t, dtype=torch.int32,
+                                                                              device=DEVICE)]),
+                  context_lens=torch.cat([inputs["context_lens"], torch.zeros(pad_seqs, dtype=torch.int32,
+                                                                               device=DEVICE)]),
+                  block_tables=torch.cat([inputs["block_tables"], torch.full(
+                      (pad_seqs, inputs["block_tables"].shape[1]), -1, dtype=torch.int32, device=DEVICE)]),
+                  out=torch.full_like(q, 7.0))
+    got = paged_prefill_attention(**padded)
+    assert torch.equal(got[:t], out) and (got[t:] == 7.0).all()
+
+
+def test_one_query_sequences_can_be_left_to_the_decode_kernel():
+    q_lens, earlier = [1, 9, 1, 3], [12, 2, 0, 5]
+    inputs, meta, k, v, _ = make_case(q_lens, earlier, 4, 4, 1, 32, torch.float32, seed=6)
+    full = paged_prefill_attention(**inputs)
+    got = paged_prefill_attention(**inputs, out=torch.full_like(full, 7.0), min_query_len=2)
+    ones = torch.tensor([0, 10], device=DEVICE)                     # the rows of the one-query sequences
+    others = torch.tensor([i for i in range(sum(q_lens)) if i not in (0, 10)], device=DEVICE)
+    assert (got[ones] == 7.0).all() and torch.equal(got[others], full[others])

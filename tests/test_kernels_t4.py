@@ -173,8 +173,8 @@ def wrapper_calls(config: dict) -> dict:
         "decode": decode(1),
         "decode, 64 splits": decode(64),
         "prefill": lambda: paged_prefill_attention(q, k_cache, v_cache, torch.tensor([0, tokens], dtype=i32),
-                                                   torch.tensor([tokens], dtype=i32), block_tables[:1], tokens,
-                                                   dim ** -0.5, window),
+                                                   torch.tensor([tokens], dtype=i32), block_tables[:1], dim ** -0.5,
+                                                   window),
         "w8_matmul": lambda: w8_matmul(x, torch.zeros(ffn, hidden, dtype=torch.int8), torch.ones(ffn)),
         "per_token_quant_fp8": lambda: per_token_quant_fp8(x),
     }

@@ -25,7 +25,7 @@ LOG2E = 1.4426950408889634  # exp(x) = 2^(x * log2 e)
 @triton.jit(do_not_specialize=["stride_bt"],
             do_not_specialize_on_alignment=["block_tables_ptr", "context_lens_ptr"])
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr,
+    q_ptr, k_ptr, v_ptr, block_tables_ptr, context_lens_ptr, cu_seqlens_ptr,
     out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
     qk_scale, window, v_scale,
     stride_qb, stride_qh,
@@ -40,6 +40,9 @@ def _decode_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    q_row = tl.load(cu_seqlens_ptr + b)  # the sequence's query, in q and out
+    if tl.load(cu_seqlens_ptr + b + 1) - q_row != 1:  # a prompt chunk (the prefill kernel's), or no query at all
+        return
 
     # Keys lo <= j < ctx are visible. A padding row (ctx == 0) has no tiles.
     ctx = tl.load(context_lens_ptr + b)
@@ -57,7 +60,7 @@ def _decode_kernel(
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kvh * GROUP + offs_h
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+    q = tl.load(q_ptr + q_row * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=h_mask[:, None] & d_mask[None, :], other=0.0)
     if DOT_IN_FP32:  # only under Triton's interpreter, which multiplies bf16 as raw bits (triton#11584)
         q = q.to(tl.float32)
@@ -96,7 +99,7 @@ def _decode_kernel(
     out_mask = h_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # 0 for a padding row
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+        tl.store(out_ptr + q_row * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         # An empty split (m = -inf, l = 0) weighs nothing in the merge.
@@ -108,7 +111,7 @@ def _decode_kernel(
 
 @triton.jit
 def _reduce_kernel(
-    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr,
+    part_m_ptr, part_l_ptr, part_acc_ptr, cu_seqlens_ptr, out_ptr,
     stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -116,6 +119,9 @@ def _reduce_kernel(
     """One program per (sequence, query head): merge the NUM_SPLITS partial softmaxes."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    q_row = tl.load(cu_seqlens_ptr + b)
+    if tl.load(cu_seqlens_ptr + b + 1) - q_row != 1:  # skipped by _decode_kernel too
+        return
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < NUM_SPLITS
@@ -131,7 +137,7 @@ def _reduce_kernel(
     w = tl.exp2(m - m_max)
     l_sum = tl.sum(l * w, axis=0)
     out = tl.sum(acc * w[:, None], axis=0) / tl.where(l_sum > 0, l_sum, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+    tl.store(out_ptr + q_row * stride_ob + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def _is_hopper(device: torch.device) -> bool:
@@ -171,20 +177,29 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, tile: int
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                            sliding_window: int | None = None, num_splits: int | None = None,
-                           k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+                           k_scale: float = 1.0, v_scale: float = 1.0, cu_seqlens_q: torch.Tensor | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, Hq, D] (each sequence's newest token, at position context_len - 1) -> out [B, Hq, D].
 
     k_cache, v_cache [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] and context_lens
     [B] int32 (0 for a padding row). num_splits=None picks the split-K factor. An fp8 (e4m3) cache
-    is read as stored * k_scale (v_scale); other caches ignore the scales."""
-    batch, num_heads, head_dim = q.shape
+    is read as stored * k_scale (v_scale); other caches ignore the scales.
+    In a batch that mixes decodes with prompt chunks, q and out are the batch's [T, Hq, D] and
+    cu_seqlens_q [B + 1] says where each sequence's queries are: the kernel answers the sequences of
+    one query, in place in `out`, and leaves the others to the prefill kernel."""
+    num_heads, head_dim = q.shape[1:]
+    batch = context_lens.shape[0]
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert num_heads % num_kv_heads == 0 and q.stride(2) == 1
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.stride() == v_cache.stride()
     group = num_heads // num_kv_heads
-    out = torch.empty(batch, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if batch == 0:
         return out
+    if cu_seqlens_q is None:
+        assert q.shape[0] == batch, "without cu_seqlens_q, q holds one query per sequence"
+        cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
 
     tile = _tile_size(q.device)
     if num_splits is None:
@@ -207,7 +222,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_warps, num_stages = _warps_and_stages(q.device)
     _decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens,
+        q, k_cache, v_cache, block_tables, context_lens, cu_seqlens_q,
         out, part_m, part_l, part_acc,
         scale * LOG2E * (k_scale if fp8 else 1.0), sliding_window or 2 ** 30,   # no window: longer than any context
         v_scale,
@@ -223,7 +238,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     )
     if num_splits > 1:
         _reduce_kernel[(batch, num_heads)](
-            part_m, part_l, part_acc, out, out.stride(0), out.stride(1),
+            part_m, part_l, part_acc, cu_seqlens_q, out, out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
             BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
         )

@@ -1,9 +1,9 @@
 """Flash attention for prefill chunks, reading keys and values straight from the paged KV cache.
 
 A sequence's q_len queries are the last q_len of its context_lens tokens, all already in the cache;
-query position p sees keys j <= p (and j > p - sliding_window). Grid (num_seqs * cdiv(max_query_len,
-BLOCK_M), Hq): one program owns BLOCK_M queries of one sequence and head, and walks key tiles of
-BLOCK_N tokens through the block table with an online softmax in fp32.
+query position p sees keys j <= p (and j > p - sliding_window). Grid (cdiv(T, BLOCK_M) + S, Hq): one
+program owns BLOCK_M queries of one sequence and head (found by a binary search over cu_seqlens_q),
+and walks key tiles of BLOCK_N tokens through the block table with an online softmax in fp32.
 The cache may be fp8 (e4m3) with one scale per tensor (vLLM's uncalibrated default is 1.0): it holds
 x / scale, read as stored * scale: each tile is widened exactly to q's dtype, and k_scale multiplies the
 scores, v_scale the output.
@@ -20,23 +20,33 @@ from .target import kernel_capability
 
 
 # Not specialised on values that change between steps: each specialisation is a fresh compilation.
-@triton.jit(do_not_specialize=["stride_bt", "num_q_tiles"],
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs"],
             do_not_specialize_on_alignment=["cu_seqlens_q", "context_lens", "block_tables"])
 def _prefill_attention_kernel(
     Q, K, V, O, cu_seqlens_q, context_lens, block_tables,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_bt,
-    scale, window, num_q_tiles, group, v_scale,
+    scale, window, num_seqs, group, v_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, MIN_QUERY_LEN: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
-    seq = tl.program_id(0) // num_q_tiles
-    tile = tl.program_id(0) % num_q_tiles
-    head = tl.program_id(1)
+    # Sequence s owns the programs from cu_seqlens_q[s] // BLOCK_M + s on, at least one per BLOCK_M of its
+    # queries: the last sequence whose first program is at most this one's is found by binary search.
+    pid = tl.program_id(0)
+    lo, hi = 0, num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_seqlens_q + mid) // BLOCK_M + mid <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    seq = lo - 1
     q_start = tl.load(cu_seqlens_q + seq)
+    tile = pid - (q_start // BLOCK_M + seq)
+    head = tl.program_id(1)
     q_len = tl.load(cu_seqlens_q + seq + 1) - q_start
-    if tile * BLOCK_M >= q_len:     # the grid is sized for the longest chunk
+    if q_len < MIN_QUERY_LEN or tile * BLOCK_M >= q_len:  # one-query sequences may be the decode kernel's
         return
     ctx_len = tl.load(context_lens + seq)
     kv_head = head // group
@@ -111,26 +121,28 @@ def _tiles(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             cu_seqlens_q: torch.Tensor, context_lens: torch.Tensor,
-                            block_tables: torch.Tensor, max_query_len: int, scale: float,
-                            sliding_window: int | None = None, k_scale: float = 1.0,
-                            v_scale: float = 1.0) -> torch.Tensor:
+                            block_tables: torch.Tensor, scale: float, sliding_window: int | None = None,
+                            k_scale: float = 1.0, v_scale: float = 1.0, out: torch.Tensor | None = None,
+                            min_query_len: int = 1) -> torch.Tensor:
     """Causal attention of prefill chunks (or decodes) over the paged KV cache.
 
     q [T, Hq, D]; k_cache/v_cache [num_blocks, block_size, Hkv, D], already holding every context
     token; cu_seqlens_q int32 [S + 1]; context_lens int32 [S]; block_tables int32 [S, max_blocks].
-    Returns [T, Hq, D] in q's dtype. An fp8 (e4m3) cache is read as stored * k_scale (v_scale);
-    other caches ignore the scales.
+    Returns out [T, Hq, D] in q's dtype (written in place if given), skipping sequences of fewer than
+    `min_query_len` queries (2: those of one query are left to the decode kernel). The launch depends on
+    T and S only, not on how the tokens are shared out: a CUDA graph can replay it for any batch of that
+    size. An fp8 (e4m3) cache is read as stored * k_scale (v_scale); other caches ignore the scales.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     assert q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert k_cache.stride() == v_cache.stride() and num_heads % num_kv_heads == 0
-    out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    if out is None:
+        out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype, device=q.device)
     num_seqs = context_lens.shape[0]
-    if num_tokens == 0 or num_seqs == 0 or max_query_len == 0:
+    if num_tokens == 0 or num_seqs == 0:
         return out
     block_m, block_n, num_warps, num_stages = _tiles(head_dim, q.dtype, q.device)
-    num_q_tiles = triton.cdiv(max_query_len, block_m)
     # The interpreter gets bf16 products wrong, so there operands are upcast; fp32 is multiplied as "ieee".
     dot_dtype = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}.get(q.dtype, tl.float32)
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -138,14 +150,14 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8:  # numpy, under the interpreter, has no fp8: the kernel takes the bytes
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    grid = (num_seqs * num_q_tiles, num_heads)
+    grid = (triton.cdiv(num_tokens, block_m) + num_seqs, num_heads)  # enough programs for any split of T into S
     _prefill_attention_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens_q, context_lens, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        scale * (k_scale if fp8 else 1.0), sliding_window or 0, num_q_tiles, num_heads // num_kv_heads, v_scale,
+        scale * (k_scale if fp8 else 1.0), sliding_window or 0, num_seqs, num_heads // num_kv_heads, v_scale,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=sliding_window is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=sliding_window is not None, MIN_QUERY_LEN=min_query_len,
         DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )

@@ -167,7 +167,7 @@ def _prefill(n, hq, hkv, d, dtype, device):
     lens = torch.tensor([n], dtype=torch.int32, device=device)
     meta = torch_ref.TorchAttentionMetadata.build(
         AttentionMetadata(cu, lens, torch.zeros(n, dtype=torch.int64, device=device), tables, BLOCK, n, n))
-    return (lambda: paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, n, d ** -0.5),
+    return (lambda: paged_prefill_attention(q, k_cache, v_cache, cu, lens, tables, d ** -0.5),
             lambda: torch_ref.paged_attention(q, k_cache, v_cache, meta, d ** -0.5))
 
 
