@@ -139,11 +139,12 @@ def test_gpu_tile_sizes_in_the_interpreter(monkeypatch, tile):
 def test_in_a_mixed_batch_answers_the_one_query_sequences_in_place():
     # q holds every token of the step; cu_seqlens_q says where each sequence's queries are. The decode kernel
     # writes the rows of the sequences with one query (anywhere in the batch) and no other row.
-    (q, k, v, tables, lens), _ = make_case([5, 17, 9, 30], 4, 2, 32, 4, torch.float32, None, "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    (q, k, v, tables, lens), _ = make_case([5, 17, 9, 30], 4, 2, 32, 4, torch.float32, None, device)
     alone = paged_decode_attention(q, k, v, tables, lens, 32 ** -0.5)
     q_lens = [1, 3, 1, 2]                                             # sequences 0 and 2 decode
-    cu = torch.tensor([0] + q_lens).cumsum(0).int()
-    rows = torch.randn(int(cu[-1]), *q.shape[1:])
+    cu = torch.tensor([0] + q_lens, device=device).cumsum(0).int()
+    rows = torch.randn(int(cu[-1]), *q.shape[1:], device=device)
     rows[cu[:-1].long()] = q                                          # each sequence's first query is q's row
     for num_splits in (1, 2):
         out = torch.full_like(rows, 7.0)

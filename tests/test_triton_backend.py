@@ -14,6 +14,7 @@ from minivllm.attention import AttentionMetadata, torch_ref
 from minivllm.attention.triton_backend import paged_attention
 
 HQ, HKV, D, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 32, 4, 40
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def step(q_lens, context_lens, tables, pad_tokens=0, pad_seqs=0):
@@ -32,6 +33,12 @@ def step(q_lens, context_lens, tables, pad_tokens=0, pad_seqs=0):
         max_decode_context_len=max(context_lens[:num_decodes], default=0))
 
 
+def to_device(meta: AttentionMetadata) -> AttentionMetadata:
+    for name in ("cu_seqlens_q", "context_lens", "slot_mapping", "block_tables"):
+        setattr(meta, name, getattr(meta, name).to(DEVICE))
+    return meta
+
+
 @pytest.mark.parametrize("window", [None, 6])
 def test_a_mixed_step_matches_the_torch_backend_padded_or_not(window):
     seed = random.randrange(2 ** 32)
@@ -45,8 +52,9 @@ def test_a_mixed_step_matches_the_torch_backend_padded_or_not(window):
     t, pad = sum(q_lens), 6
     q, k, v = (torch.randn(t + pad, h, D, generator=g) for h in (HQ, HKV, HKV))
 
+    cache, q, k, v = (x.to(DEVICE) for x in (cache, q, k, v))
     ref_cache = cache.clone()
-    meta = step(q_lens, context_lens, tables)
+    meta = to_device(step(q_lens, context_lens, tables))
     torch_ref.store_kv(k[:t], v[:t], *ref_cache, meta.slot_mapping)
     ref = torch_ref.paged_attention(q[:t], *ref_cache, torch_ref.TorchAttentionMetadata.build(meta, window), D ** -0.5)
 
@@ -54,8 +62,8 @@ def test_a_mixed_step_matches_the_torch_backend_padded_or_not(window):
     for pad_tokens, pad_seqs in ((0, 0), (pad, 3)):
         kv = cache.clone()
         n = t + pad_tokens
-        out = paged_attention(q[:n], k[:n], v[:n], *kv, step(q_lens, context_lens, tables, pad_tokens, pad_seqs),
-                              D ** -0.5, window)
+        out = paged_attention(q[:n], k[:n], v[:n], *kv,
+                              to_device(step(q_lens, context_lens, tables, pad_tokens, pad_seqs)), D ** -0.5, window)
         assert out.shape == (n, HQ, D)
         torch.testing.assert_close(out[:t], ref, atol=2e-5, rtol=2e-5, msg=lambda m: f"{seed=}: {m}")
         assert torch.equal(kv, ref_cache), f"{seed=}: the caches differ (padding tokens must store nothing)"
