@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 MINIVLLM_SMOKE=0 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHON
 bundle() { (cd "$OUT" && tar czf zero_overhead_gpu.tgz --exclude=zero_overhead_gpu.tgz *.json *.log *.txt 2>/dev/null); }
 case "$1" in
   mixed)
-    python3 -m pytest -q -m gpu tests/test_gpu.py tests/test_cuda_graphs.py tests/test_piecewise_graphs.py \
+    python3 -m pytest -q -m gpu tests/test_gpu.py tests/test_cuda_graphs.py tests/test_mixed_graphs.py \
       2>&1 | tail -30 | tee "$OUT/gpu_tests.log"
     python3 -m minivllm_lab.bench.mixed_step --out "$OUT/mixed_step_h200.json" 2>&1 | tee "$OUT/mixed_step.log"
     bundle ;;

@@ -47,9 +47,11 @@ def test_a_padded_step_gives_the_eager_logits_on_every_real_row(tiny_llama):
         shape = choose_graph(ladders, meta.num_seqs, meta.max_query_len)
         if shape is not None:
             shapes.append(shape)
-            buffers.load(shape, input_ids, positions, meta)
-            padded = padded_forward(runner.model, buffers, shape, runner.attn_backend.build_metadata)
-            padded = padded[:input_ids.shape[0]]
+            query_len, batch = shape
+            buffers.load(query_len * batch, batch, input_ids, positions, meta)
+            hidden = padded_forward(runner.model, buffers, query_len * batch, batch, query_len,
+                                    runner.attn_backend.build_metadata)
+            padded = runner.model.compute_logits(hidden)[:input_ids.shape[0]]
             if sample_index.shape[0] != input_ids.shape[0]:
                 padded = padded[sample_index]
             torch.testing.assert_close(padded, logits, rtol=1e-4, atol=1e-4)

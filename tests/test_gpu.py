@@ -87,10 +87,10 @@ def test_mistral_7b_dummy_runs_a_batch():
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("bfloat16", 5e-2)])
-def test_mixed_steps_replay_piecewise_graphs(tiny_llama, tiny_mistral, dtype, tol):
-    # Prompts chunked beside decodes (24 tokens a step): the steps with a chunk replay piecewise graphs, padded to
-    # their token count. Each one's logits are compared with an eager forward of the same step, and in float32
-    # the tokens with the eager engine's.
+def test_mixed_steps_replay_cuda_graphs(tiny_llama, tiny_mistral, dtype, tol):
+    # Prompts chunked beside decodes (24 tokens a step): the steps with a chunk replay a mixed graph, padded to
+    # its token count and sequence count. Each one's logits are compared with an eager forward of the same step,
+    # and in float32 the tokens with the eager engine's.
     g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
     prompts = [torch.randint(0, 211, (int(n),), generator=g).tolist() for n in torch.randint(3, 60, (6,), generator=g)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -121,7 +121,7 @@ def test_mixed_steps_replay_piecewise_graphs(tiny_llama, tiny_mistral, dtype, to
 
 def test_enforce_eager_captures_no_graph(tiny_llama):
     runner = LLM(tiny_llama[0], max_model_len=96, num_kv_blocks=24, enforce_eager=True).llm_engine.runner
-    assert runner.graphs is None and runner.piecewise is None and runner.graph_memory_bytes == 0
+    assert runner.graphs is None and runner.graph_memory_bytes == 0
 
 
 def test_the_graphs_memory_is_kept_out_of_the_kv_cache(tiny_llama):

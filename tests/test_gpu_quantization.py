@@ -113,7 +113,7 @@ def test_fp8_kv_kernels_match_the_torch_reference(context):
 @pytest.mark.parametrize("options", [dict(quantization="int8"), pytest.param(dict(quantization="fp8"), marks=needs_fp8),
                                      pytest.param(dict(quantization="fp8", kv_cache_dtype="fp8"), marks=needs_fp8)])
 def test_quantized_engines_replay_graphs_with_the_eager_tokens(tiny_llama, options):
-    # Decode graphs and piecewise mixed-step graphs hold the same kernels as the eager path: same tokens. A
+    # Decode graphs and mixed-step graphs hold the same kernels as the eager path: same tokens. A
     # prompt longer than SCALED_MM_MIN_TOKENS sends fp8's prefill through _scaled_mm.
     g = torch.Generator().manual_seed(random.randrange(2**31))
     prompts = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (4, 19, 70)]

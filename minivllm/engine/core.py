@@ -70,8 +70,8 @@ class EngineCore:
 
     @classmethod
     def from_config(cls, config: EngineConfig, usage_context: str = "llm") -> EngineCore:
-        """Resolve the model, start the executor, capture the mixed steps' piecewise CUDA graphs, size the KV
-        pool from a profiling forward, allocate it, capture the decode graphs and build the scheduler. Limits not
+        """Resolve the model, start the executor, reserve the CUDA graphs' memory, size the KV pool from a
+        profiling forward, allocate it, capture the graphs (decode, verify, mixed) and build the scheduler. Limits not
         given are sized by the device for `usage_context` ("llm": offline; "server": `AsyncLLM`)."""
         source = resolve_model(config.model)
         cfg = source.config
@@ -111,7 +111,7 @@ class EngineCore:
             if spec is not None:
                 executor.add_proposer(spec, runner_args)
             if not config.enforce_eager:
-                executor.capture_piecewise_graphs(max_num_batched_tokens, config.num_speculative_tokens)
+                executor.reserve_graph_memory(max_num_batched_tokens, config.num_speculative_tokens)
             if config.num_kv_blocks is not None:
                 num_blocks = config.num_kv_blocks * config.block_size // block_size
             else:  # what fits in kv_cache_memory_bytes, or after a profiling forward

@@ -51,13 +51,14 @@ class Executor:
             self.proposer.runner.initialize_kv_cache(num_blocks)
         self.collective_rpc("initialize_kv_cache", num_blocks)
 
-    def capture_piecewise_graphs(self, max_num_batched_tokens: int, num_speculative_tokens: int) -> None:
-        """Mixed steps' graphs, before the KV pool is sized so that their memory is counted (target model only)."""
+    def reserve_graph_memory(self, max_num_batched_tokens: int, num_speculative_tokens: int) -> None:
+        """Before the KV pool is sized: the graphs' memory is kept out of it, and mixed steps up to the budget will
+        be graphed (target model only)."""
         if self.collective_rpc("can_capture_cuda_graphs"):
-            self.collective_rpc("capture_piecewise_graphs", max_num_batched_tokens, num_speculative_tokens)
+            self.collective_rpc("reserve_graph_memory", max_num_batched_tokens, num_speculative_tokens)
 
     def capture_cuda_graphs(self, num_speculative_tokens: int) -> None:
-        """Decode (and verify) graphs, where the runners can capture; a draft model's drafts are decodes."""
+        """Decode, verify and mixed graphs, where the runners can capture; a draft model's drafts are decodes."""
         if self.collective_rpc("can_capture_cuda_graphs"):
             self.collective_rpc("capture_cuda_graphs", num_speculative_tokens)
             if isinstance(self.proposer, DraftModelProposer):

@@ -85,8 +85,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    # Split at attention, the one op that reads other tokens (and the KV cache): everything else works row by
-    # row, which is what lets piecewise CUDA graphs (worker/piecewise_graphs.py) pad it to a fixed token count.
+    # Split at attention, the one op that reads other tokens (and the KV cache): everything else works row by row.
     def before_attention(self, positions, x, residual):
         """(q, k, v, residual). The residual is carried separately so each norm can fuse the residual add."""
         if residual is None:

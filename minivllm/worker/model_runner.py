@@ -1,9 +1,9 @@
 """The model runner: owns the model, its KV cache and CUDA graphs, and runs each step.
 
 `execute_model` packs a `SchedulerOutput` into one flat batch (tokens, positions, cache slots), runs the
-model once and returns the logits of the sampling rows. Decode and verify steps replay a full CUDA graph
-(cuda_graphs.py); other steps up to a few thousand tokens replay piecewise graphs with attention run between
-the pieces (piecewise_graphs.py). `sample` picks the next tokens on the device.
+model once and returns the logits of the sampling rows. Decode and verify steps, and mixed steps up to a few
+thousand tokens, replay a CUDA graph (cuda_graphs.py); larger steps run eagerly. `sample` picks the next
+tokens on the device.
 
 Steps without draft tokens do not wait for the GPU, so the CPU can prepare step n+1 while step n runs: inputs
 travel in one async copy from pinned memory, a token still being sampled is read from `_last_sampled` on
@@ -27,10 +27,9 @@ from ..distributed.parallel_state import cpu_group, tp_size
 from ..models.loader import build_model
 from ..structured_output import GrammarBitmask
 from .block_table import BlockTable
-from .cuda_graphs import CUDAGraphs, choose_graph, graph_ladders
+from .cuda_graphs import CUDAGraphs, choose_graph, choose_size, graph_ladders, token_ladder
 from .kv_cache import allocate_kv_cache, kv_bytes_per_token, kv_cache_budget_bytes
 from .logprobs import StepLogprobs, compute_logprobs
-from .piecewise_graphs import PiecewiseGraphs, choose_size
 from .rejection_sampler import RejectionSampler
 from .sampler import Sampler, process_logits
 
@@ -129,9 +128,8 @@ class ModelRunner:
         self.rejection_sampler = RejectionSampler(self.device, self.sampler.generator)
         self.block_table = BlockTable(max_num_seqs, cdiv(max_model_len, block_size))
         self.graphs: CUDAGraphs | None = None
-        self.piecewise: PiecewiseGraphs | None = None
-        self.graph_pool = None              # one memory pool for every graph of this runner
-        self.graph_memory_bytes = 0         # kept out of the KV cache (`capture_piecewise_graphs`)
+        self.max_mixed_graph_tokens = 0     # mixed steps up to this many tokens are graphed (`reserve_graph_memory`)
+        self.graph_memory_bytes = 0         # kept out of the KV cache (`reserve_graph_memory`)
         self.graph_replays = Counter()  # "decode" / "verify" / "mixed" -> count
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer
         self.use_async_copies = self.device.type == "cuda"
@@ -170,28 +168,28 @@ class ModelRunner:
     def can_capture_cuda_graphs(self) -> bool:
         return self.device.type == "cuda" and self.attn_backend.supports_cuda_graphs
 
-    def capture_piecewise_graphs(self, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> None:
-        """Capture the piecewise graphs of mixed steps. They do not read the KV cache, so this runs before the
-        cache is sized, and the memory they hold (plus the logits buffer of the decode graphs captured after the
-        cache, whose other memory comes from the same pool) is kept out of it."""
-        self.piecewise = None
-        torch.cuda.empty_cache()  # the cache of eager memory does not count; the graphs' pool is not emptied
-        reserved, allocated = torch.cuda.memory_reserved(self.device), torch.cuda.memory_allocated(self.device)
-        self.graph_pool = torch.cuda.graph_pool_handle()
-        self.piecewise = PiecewiseGraphs(self.model, max_num_batched_tokens, self.device, self.graph_pool)
-        torch.cuda.synchronize(self.device)
+    def reserve_graph_memory(self, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> None:
+        """Before the KV cache is sized: the memory the CUDA graphs will hold once captured (after the cache, which
+        they read) is kept out of it. Their shared pool holds about the activations of the largest mixed graph,
+        measured here by an eager forward of that many tokens, beside the graphs' logits and hidden-state buffers."""
+        self.max_mixed_graph_tokens = max_num_batched_tokens
+        mixed_tokens = token_ladder(max_num_batched_tokens)[-1]
         torch.cuda.empty_cache()
-        pool_bytes = (torch.cuda.memory_reserved(self.device) - reserved) - (
-            torch.cuda.memory_allocated(self.device) - allocated)  # the pool; the buffers are in the profile's peak
+        torch.cuda.reset_peak_memory_stats(self.device)
+        allocated = torch.cuda.memory_allocated(self.device)
+        self._profile_run(mixed_tokens)
+        activations = torch.cuda.max_memory_allocated(self.device) - allocated
         decode_tokens = max(q * b[-1] for q, b in graph_ladders(self.max_num_seqs, num_speculative_tokens).items())
-        self.graph_memory_bytes = max(0, pool_bytes) + decode_tokens * self.model_config.vocab_size * 4
+        self.graph_memory_bytes = (activations + decode_tokens * self.model_config.vocab_size * 4
+                                   + mixed_tokens * self.model_config.hidden_size * self.dtype.itemsize)
 
     def capture_cuda_graphs(self, num_speculative_tokens: int = 0) -> None:
-        """Capture decode steps, and verify steps of k + 1 tokens with k draft tokens, as CUDA graphs."""
+        """Capture decode steps, verify steps of k + 1 tokens with k draft tokens, and mixed steps up to the token
+        budget given to `reserve_graph_memory` (none without it), as CUDA graphs."""
         self.graphs = None  # free the old graphs before capturing
         self.graphs = CUDAGraphs(self.model, self.max_num_seqs, cdiv(self.max_model_len, self.block_size),
                                  self.block_size, self.device, self.attn_backend.build_metadata, num_speculative_tokens,
-                                 pool=self.graph_pool)
+                                 self.max_mixed_graph_tokens)
 
     @torch.inference_mode()
     def _profile_run(self, num_tokens: int) -> None:
@@ -294,10 +292,10 @@ class ModelRunner:
             logits = self.graphs.run(shape, batch.input_ids, batch.positions, meta)
             return logits if layout.every_row_samples else logits[batch.sample_index]
         meta = self.attn_backend.build_metadata(meta)
-        size = choose_size(self.piecewise.ladder, meta.num_tokens) if self.piecewise else None
+        size = choose_size(self.graphs.mixed_ladder, meta.num_tokens) if self.graphs else None
         if size is not None:
             self.graph_replays["mixed"] += 1
-            hidden = self.piecewise.run(size, batch.input_ids, batch.positions, meta)
+            hidden = self.graphs.run_mixed(size, batch.input_ids, batch.positions, meta)
         else:
             hidden = self.model(batch.input_ids, batch.positions, meta)
         return self.model.compute_logits(hidden[batch.sample_index])
