@@ -1,5 +1,5 @@
 """Where a mixed step's GPU sits idle: 256 sequences decoding plus one 512-token prompt chunk per step (the
-Mistral-7B shape, bf16, dummy weights), graphed (piecewise) and eager, a few steps under torch.profiler.
+Mistral-7B shape, bf16, dummy weights), graphed and eager, a few steps under torch.profiler.
 
     python scripts/mixed_step_gaps.py --out OUT.json      # a GPU
 
@@ -100,7 +100,7 @@ def main() -> None:
     p.add_argument("--min-gap-us", type=float, default=20.0)
     args = p.parse_args()
     result = {"hardware": hardware_name(), "commit": source_commit(), "command": "python scripts/mixed_step_gaps.py"}
-    for name, eager in (("piecewise graphs", False), ("eager", True)):
+    for name, eager in (("graphs", False), ("eager", True)):
         llm, engine = mixed_engine(eager)
         torch.cuda.synchronize()
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
