@@ -10,7 +10,7 @@ from .metadata import AttentionMetadata
 
 class AttentionBackend:
     name: str
-    supports_cuda_graphs = False  # decode and verify steps capturable (no host syncs, fixed shapes)
+    supports_cuda_graphs = False  # steps capturable: no host syncs, launches fixed by the batch's size
 
     def __init__(self, sliding_window: int | None = None):
         self.sliding_window = sliding_window
