@@ -31,3 +31,19 @@ def tiny_llama(tmp_path_factory):
 def tiny_mistral(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("tiny_mistral"), arch="mistral", num_heads=4,
                            num_kv_heads=1, sliding_window=7)
+
+
+@pytest.fixture
+def stand_in_graphs(monkeypatch):
+    """CUDA graphs on the CPU: the runner's graphs keep the forward they would record, and a replay runs it, so
+    everything of the graph path but the capture itself is tested (buffers, padding, which graph a step takes)."""
+    from types import SimpleNamespace
+
+    from minivllm.worker import model_runner
+    from minivllm.worker.cuda_graphs import CUDAGraphs
+
+    class StandInGraphs(CUDAGraphs):
+        def _capture(self, forward):
+            return SimpleNamespace(replay=forward)
+
+    monkeypatch.setattr(model_runner, "CUDAGraphs", StandInGraphs)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.worker import model_runner
-from minivllm.worker.cuda_graphs import CUDAGraphs, GraphBuffers, choose_graph, graph_ladders, padded_forward
+from minivllm.worker.cuda_graphs import GraphBuffers, choose_graph, graph_ladders, padded_forward
 
 
 def test_graph_ladders_and_the_graph_a_step_takes():
@@ -66,24 +65,11 @@ def test_a_padded_step_gives_the_eager_logits_on_every_real_row(tiny_llama):
     assert llm.llm_engine.get_stats()["num_accepted_tokens"] > 0
 
 
-class _Replay:
-    """A stand-in for a captured graph on the CPU: replaying it runs the forward it would have recorded."""
-
-    def __init__(self, forward):
-        self.replay = forward
-
-
-class _CPUGraphs(CUDAGraphs):
-    def _capture(self, forward):
-        return _Replay(forward)
-
-
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_the_runners_graph_path_gives_the_plain_engines_tokens(tiny_llama, monkeypatch, method):
+def test_the_runners_graph_path_gives_the_plain_engines_tokens(tiny_llama, stand_in_graphs, method):
     # Everything of the graph path but the capture itself: the runner captures (here: keeps) its graphs for k,
     # picks one per step, loads the buffers, replays, keeps the rows that sample; a draft's runner too.
-    monkeypatch.setattr(model_runner, "CUDAGraphs", _CPUGraphs)
     k, folder = 3, tiny_llama[0]
     g = torch.Generator().manual_seed(2)
     prompts = [(torch.randint(0, 211, (6,), generator=g).tolist() * 3)[:n] for n in (18, 11, 15)]

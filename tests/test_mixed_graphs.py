@@ -1,14 +1,13 @@
 """CUDA graphs of mixed steps, on the CPU: the token counts captured and the one a step takes; and the runner's
 mixed-graph path (buffers padded to a token count and a sequence count, one forward for any mix of decodes and
 prompt chunks, logits of the sampling rows after it) with stand-ins for the captured graphs that run the
-recorded forward at each replay, through the Triton kernels in Triton's interpreter. Real captures:
-tests/test_gpu.py."""
+recorded forward at each replay (the `stand_in_graphs` fixture), through the Triton kernels in Triton's
+interpreter. Real captures: tests/test_gpu.py."""
 import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.worker import model_runner
-from minivllm.worker.cuda_graphs import MAX_MIXED_GRAPH_TOKENS, CUDAGraphs, choose_size, token_ladder
+from minivllm.worker.cuda_graphs import MAX_MIXED_GRAPH_TOKENS, choose_size, token_ladder
 
 
 def test_token_ladder_and_the_size_a_step_takes():
@@ -25,27 +24,14 @@ def test_token_ladder_and_the_size_a_step_takes():
     assert choose_size(ladder, MAX_MIXED_GRAPH_TOKENS + 1) is None  # eager: the GPU's work outlasts the launches
 
 
-class _Replay:
-    """A stand-in for a captured graph on the CPU: replaying it runs the forward it would have recorded."""
-
-    def __init__(self, forward):
-        self.replay = forward
-
-
-class _CPUGraphs(CUDAGraphs):
-    def _capture(self, forward):
-        return _Replay(forward)
-
-
 # The padding rows' attention output is never written (whatever memory held): their garbage may overflow in the
 # interpreter's numpy, in their own rows only.
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_mistral"])
-def test_mixed_steps_give_the_eager_logits_and_tokens(request, monkeypatch, model):
+def test_mixed_steps_give_the_eager_logits_and_tokens(request, stand_in_graphs, model):
     # Chunked prompts of random lengths beside decodes (a budget of 24 tokens a step): every step with a chunk
     # replays (here: runs) the mixed graph of its size, and is also run eagerly; every kept row must agree, and
     # the tokens must be the eager engine's.
-    monkeypatch.setattr(model_runner, "CUDAGraphs", _CPUGraphs)
     folder = request.getfixturevalue(model)[0]
     args = dict(attention_backend="triton", max_model_len=96, block_size=4, num_kv_blocks=80, max_num_seqs=3,
                 max_num_batched_tokens=24)  # few decodes: a prompt's last chunk leaves a step part-empty
@@ -79,8 +65,7 @@ def test_mixed_steps_give_the_eager_logits_and_tokens(request, monkeypatch, mode
     assert len(set(sizes)) > 1  # several sizes, so padding rows and sequences held other steps' values
 
 
-def test_a_step_past_the_largest_size_runs_eagerly(tiny_llama, monkeypatch):
-    monkeypatch.setattr(model_runner, "CUDAGraphs", _CPUGraphs)
+def test_a_step_past_the_largest_size_runs_eagerly(tiny_llama, stand_in_graphs):
     llm = LLM(tiny_llama[0], attention_backend="triton", max_model_len=64, block_size=4, num_kv_blocks=40,
               max_num_seqs=4)
     runner = llm.llm_engine.runner
