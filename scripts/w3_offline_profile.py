@@ -2,10 +2,10 @@
 
     python scripts/w3_offline_profile.py --out OUT.json
 
-Run 1 times every engine step of W3-offline (1000 requests at once) and groups the steps by what they carried:
-decode-only steps, steps with prompt tokens up to the largest mixed CUDA graph, and larger ones (eager). Run 2,
-on fresh prompts, runs the same workload under torch.profiler and sums the GPU's time per kernel, so that the
-decode steps' time can be set against their matmuls' FLOPs and their attention's bytes.
+Run 1 times every engine step of `LLM.generate` on W3-offline (1000 requests at once) and groups the steps by
+what they carried: decode-only steps, steps with prompt tokens up to the largest mixed CUDA graph, and larger
+ones (eager). Run 2, on fresh prompts, runs the same workload under torch.profiler and sums the GPU's time per
+kernel, so that the decode steps' time can be set against their matmuls' FLOPs and their attention's bytes.
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ def kind_of(num_tokens: int, num_seqs: int) -> str:
 
 
 def timed_run(llm, seed: int, num_requests: int) -> dict:
-    """Each step's wall time, by the kind of step launched in it (with async scheduling a step's call launches
-    step n+1 and waits for step n: the launched step's kind names the time)."""
-    core = llm.llm_engine.engine_core
-    schedule, launched = core.scheduler.schedule, []
+    """`LLM.generate` on W3-offline, each engine step's wall time grouped by the kind of step launched in it
+    (with async scheduling a step's call launches step n+1 and waits for step n: the launched step names it)."""
+    engine, core = llm.llm_engine, llm.llm_engine.engine_core
+    schedule, step, launched, steps = core.scheduler.schedule, engine.step, [], []
 
     def recording_schedule():
         out = schedule()
@@ -41,23 +41,22 @@ def timed_run(llm, seed: int, num_requests: int) -> dict:
             launched.append((sum(out.num_new_tokens), len(out.entries)))
         return out
 
-    core.scheduler.schedule = recording_schedule
-    work = w3(llm.llm_engine.model_config.vocab_size, num_requests=num_requests, seed=seed)
-    for i, (prompt, n) in enumerate(zip(work.prompts, work.max_tokens)):
-        llm.llm_engine.add_request(f"w3-{seed}-{i}", prompt,
-                                   SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-    steps = []
+    def timed_step():
+        t0, n_before = time.perf_counter(), len(launched)
+        outputs = step()
+        steps.append((time.perf_counter() - t0, launched[n_before:]))
+        return outputs
+
+    core.scheduler.schedule, engine.step = recording_schedule, timed_step
+    work = w3(engine.model_config.vocab_size, num_requests=num_requests, seed=seed)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in work.max_tokens]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
     start = time.perf_counter()
-    while llm.llm_engine.has_unfinished_requests():
-        t0 = time.perf_counter()
-        n_before = len(launched)
-        llm.llm_engine.step()
-        steps.append((time.perf_counter() - t0, launched[n_before:]))
+    llm.generate(work.prompts, params, use_tqdm=False)
     sync()
     wall = time.perf_counter() - start
-    core.scheduler.schedule = schedule
+    core.scheduler.schedule, engine.step = schedule, step
     by_kind = collections.defaultdict(lambda: {"steps": 0, "wall_s": 0.0, "tokens": 0, "seqs": 0})
     for dt, new in steps:
         for num_tokens, num_seqs in new or [(0, 0)]:
@@ -71,7 +70,7 @@ def timed_run(llm, seed: int, num_requests: int) -> dict:
         row["mean_tokens"] = row["tokens"] / row["steps"]
         row["mean_seqs"] = row["seqs"] / row["steps"]
     return {"wall_s": wall, "output_tok_s": sum(work.max_tokens) / wall, "by_kind": dict(by_kind),
-            "graph_replays": dict(llm.llm_engine.runner.graph_replays)}
+            "graph_replays": dict(engine.runner.graph_replays)}
 
 
 def main() -> None:

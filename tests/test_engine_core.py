@@ -178,6 +178,28 @@ def test_the_core_process_exits_without_triton_leak_reports(tiny_llama):
     assert "nanobind" not in run.stderr, run.stderr
 
 
+def test_generate_steps_with_the_startup_objects_frozen_and_gives_them_back(tiny_llama):
+    # A full collection during generate() would walk every object of torch and transformers: they are frozen
+    # while it steps, and unfrozen after (an object left frozen is never freed), unless frozen before it began.
+    llm = LLM(tiny_llama[0], **ENGINE)
+    real_step, seen = llm.llm_engine.step, []
+
+    def step():
+        seen.append(gc.get_freeze_count())
+        return real_step()
+
+    llm.llm_engine.step = step
+    out = llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [4, 4]
+    assert seen and min(seen) > 0 and gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        llm.generate([1, 2, 3], SamplingParams(max_tokens=2), use_tqdm=False)
+        assert gc.get_freeze_count() > 0  # the caller's freeze is the caller's to undo
+    finally:
+        gc.unfreeze()
+
+
 async def three_streams_until_the_core_dies(engine, fault, match: str, timeout_s: float) -> None:
     """Three long streams; `fault()` is called once the first has two outputs. Every stream must end
     with EngineDeadError matching `match`, within the timeout (nothing hangs)."""
