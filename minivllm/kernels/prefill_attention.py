@@ -1,15 +1,18 @@
 """Flash attention for prefill chunks, reading keys and values straight from the paged KV cache.
 
 A sequence's q_len queries are the last q_len of its context_lens tokens, all already in the cache;
-query position p sees keys j <= p (and j > p - sliding_window). Grid (cdiv(T, BLOCK_M) + S, Hq): one
-program owns BLOCK_M queries of one sequence and head (found by a binary search over cu_seqlens_q),
-and walks key tiles of BLOCK_N tokens through the block table with an online softmax in fp32.
+query position p sees keys j <= p (and j > p - sliding_window). A work item is BLOCK_M queries of one
+sequence and one head: its program walks key tiles of BLOCK_N tokens through the block table with an online
+softmax in fp32. The programs are persistent (about two per multiprocessor, whatever the batch): each counts
+the items from cu_seqlens_q and takes every num_programs-th, so the launch depends on T and S only and no
+program is spent on a sequence that has no item (a decode's, in a mixed batch).
 The cache may be fp8 (e4m3) with one scale per tensor (vLLM's uncalibrated default is 1.0): it holds
 x / scale, read as stored * scale: each tile is widened exactly to q's dtype, and k_scale multiplies the
 scores, v_scale the output.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -26,85 +29,82 @@ def _prefill_attention_kernel(
     Q, K, V, O, cu_seqlens_q, context_lens, block_tables,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_bt,
-    scale, window, num_seqs, group, v_scale,
+    scale, window, num_seqs, num_heads, group, v_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, MIN_QUERY_LEN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, USE_WINDOW: tl.constexpr,
+    MIN_QUERY_LEN: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
-    # Sequence s owns the programs from cu_seqlens_q[s] // BLOCK_M + s on, at least one per BLOCK_M of its
-    # queries: the last sequence whose first program is at most this one's is found by binary search.
-    pid = tl.program_id(0)
-    lo, hi = 0, num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(cu_seqlens_q + mid) // BLOCK_M + mid <= pid:
-            lo = mid + 1
-        else:
-            hi = mid
-    seq = lo - 1
-    q_start = tl.load(cu_seqlens_q + seq)
-    tile = pid - (q_start // BLOCK_M + seq)
-    head = tl.program_id(1)
-    q_len = tl.load(cu_seqlens_q + seq + 1) - q_start
-    if q_len < MIN_QUERY_LEN or tile * BLOCK_M >= q_len:  # one-query sequences may be the decode kernel's
-        return
-    ctx_len = tl.load(context_lens + seq)
-    kv_head = head // group
+    # The work items: each tile of BLOCK_M queries of each sequence of at least MIN_QUERY_LEN queries, for
+    # each head. Every program counts them from cu_seqlens_q and takes every num_programs-th.
+    seqs = tl.arange(0, BLOCK_S)
+    q_starts = tl.load(cu_seqlens_q + seqs, mask=seqs < num_seqs, other=0)
+    q_lens = tl.load(cu_seqlens_q + seqs + 1, mask=seqs < num_seqs, other=0) - q_starts
+    num_tiles = tl.where(q_lens >= MIN_QUERY_LEN, (q_lens + BLOCK_M - 1) // BLOCK_M, 0)
+    tiles_end = tl.cumsum(num_tiles, 0)  # sequence s owns tiles [tiles_end[s] - num_tiles[s], tiles_end[s])
+    for item in range(tl.program_id(0), tl.sum(num_tiles, 0) * num_heads, tl.num_programs(0)):
+        t = item // num_heads
+        head = item % num_heads  # the heads of one tile are neighbours: a GQA group reads the same keys
+        seq = tl.sum((tiles_end <= t).to(tl.int32), 0)
+        tile = t - tl.sum(tl.where(seqs == seq, tiles_end - num_tiles, 0), 0)
+        q_start = tl.load(cu_seqlens_q + seq)
+        q_len = tl.load(cu_seqlens_q + seq + 1) - q_start
+        ctx_len = tl.load(context_lens + seq)
+        kv_head = head // group
 
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_valid = offs_m < q_len
-    d_valid = offs_d < HEAD_DIM
-    q_pos = ctx_len - q_len + offs_m
-    q_ptrs = Q + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=m_valid[:, None] & d_valid[None, :], other=0.0).to(DOT_DTYPE)
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        m_valid = offs_m < q_len
+        d_valid = offs_d < HEAD_DIM
+        q_pos = ctx_len - q_len + offs_m
+        q_ptrs = Q + (q_start + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=m_valid[:, None] & d_valid[None, :], other=0.0).to(DOT_DTYPE)
 
-    # Keys [lo, hi): up to the last query (causal), from the first query's window.
-    hi = ctx_len - q_len + tl.minimum((tile + 1) * BLOCK_M, q_len)
-    lo = 0
-    if USE_WINDOW:
-        lo = tl.maximum(ctx_len - q_len + tile * BLOCK_M - window + 1, 0)
-
-    qk_scale = scale * 1.4426950408889634
-    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-    for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < hi
-        # Masked: the table's -1 entries past `hi` are never read.
-        block = tl.load(block_tables + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_valid, other=0)
-        kv_off = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
-        kv_mask = n_valid[:, None] & d_valid[None, :]
-        k = tl.load(K + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if FP8:  # bytes, as store_kv wrote them, widened exactly; the scales act on the scores and the output
-            k = k.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
-            v = v.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
-        k, v = k.to(DOT_DTYPE), v.to(DOT_DTYPE)
-
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+        # Keys [lo, hi): up to the last query (causal), from the first query's window.
+        hi = ctx_len - q_len + tl.minimum((tile + 1) * BLOCK_M, q_len)
+        lo = 0
         if USE_WINDOW:
-            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
-        # Finite, not -inf: a row that sees nothing in this tile must not give inf - inf = NaN.
-        qk = tl.where(visible, qk, -1.0e30)
+            lo = tl.maximum(ctx_len - q_len + tile * BLOCK_M - window + 1, 0)
 
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        # p rounded to v's dtype (q's for an fp8 cache), as flash attention does.
-        p = p.to(Q.dtype.element_ty if FP8 else V.dtype.element_ty).to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        qk_scale = scale * 1.4426950408889634
+        m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    if FP8:
-        acc = acc * v_scale
-    out = acc / l_i[:, None]
-    o_ptrs = O + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+        for start in range(lo, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            n_valid = offs_n < hi
+            # Masked: the table's -1 entries past `hi` are never read.
+            block = tl.load(block_tables + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_valid, other=0)
+            kv_off = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
+            kv_mask = n_valid[:, None] & d_valid[None, :]
+            k = tl.load(K + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(V + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            if FP8:  # bytes, as store_kv wrote them, widened exactly; the scales act on the scores and the output
+                k = k.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
+                v = v.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
+            k, v = k.to(DOT_DTYPE), v.to(DOT_DTYPE)
+
+            qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+            if USE_WINDOW:
+                visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+            # Finite, not -inf: a row that sees nothing in this tile must not give inf - inf = NaN.
+            qk = tl.where(visible, qk, -1.0e30)
+
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            # p rounded to v's dtype (q's for an fp8 cache), as flash attention does.
+            p = p.to(Q.dtype.element_ty if FP8 else V.dtype.element_ty).to(DOT_DTYPE)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        if FP8:
+            acc = acc * v_scale
+        out = acc / l_i[:, None]
+        o_ptrs = O + (q_start + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
 
 def _tiles(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int]:
@@ -117,6 +117,15 @@ def _tiles(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int
     if kernel_capability(device)[0] >= 8 and head_dim <= 128:
         return 128, 64, 8, 3
     return 64, (64 if head_dim <= 64 else 32), 4, 2
+
+
+@functools.cache  # asked at every launch
+def _num_programs(device: torch.device) -> int:
+    """Two persistent programs per multiprocessor on a GPU; three under the interpreter, which runs them one
+    after the other (enough to test that they share the work out)."""
+    if device.type != "cuda":
+        return 3
+    return 2 * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -150,14 +159,17 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8:  # numpy, under the interpreter, has no fp8: the kernel takes the bytes
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    grid = (triton.cdiv(num_tokens, block_m) + num_seqs, num_heads)  # enough programs for any split of T into S
+    most = (triton.cdiv(num_tokens, block_m) + num_seqs) * num_heads  # the items of any split of T into S
+    grid = (min(most, _num_programs(q.device)),)
     _prefill_attention_kernel[grid](
         q, k_cache, v_cache, out, cu_seqlens_q, context_lens, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        scale * (k_scale if fp8 else 1.0), sliding_window or 0, num_seqs, num_heads // num_kv_heads, v_scale,
+        scale * (k_scale if fp8 else 1.0), sliding_window or 0, num_seqs, num_heads, num_heads // num_kv_heads,
+        v_scale,
         HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
-        BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=sliding_window is not None, MIN_QUERY_LEN=min_query_len,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_S=max(16, triton.next_power_of_2(num_seqs)),
+        USE_WINDOW=sliding_window is not None, MIN_QUERY_LEN=min_query_len,
         DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", FP8=fp8,
         num_warps=num_warps, num_stages=num_stages,
     )
