@@ -1,7 +1,7 @@
 """The prefill attention kernel of this tree, timed on the Mistral-7B shape (32 query heads, 8 KV heads, 128
-dims, bf16, blocks of 16 tokens): a 512-token chunk alone at several context lengths, 8k fresh prompt tokens,
-and (where the kernel takes a mixed batch) the chunk behind 256 decoding sequences. Run it in two trees to
-compare kernels (a GPU):
+dims, bf16, blocks of 16 tokens): a 512-token chunk alone at several context lengths, 8k fresh prompt tokens
+(in 8 prompts, and in one), and (where the kernel takes a mixed batch) the chunk behind 256 decoding
+sequences. Run it in two trees to compare kernels (a GPU):
 
     python scripts/prefill_attention_ab.py --out OUT.json                               # this checkout
     (cd BASE && PYTHONPATH=$PWD python ../scripts/prefill_attention_ab.py --out B.json)   # an older tree
@@ -62,6 +62,7 @@ def main() -> None:
     args = p.parse_args()
     rows = [time_us([512], [c], False) for c in (1024, 2048, 3072)]
     rows.append(time_us([1024] * 8, [1024] * 8, False))
+    rows.append(time_us([8192], [8192], False))
     if "min_query_len" in inspect.signature(paged_prefill_attention).parameters:
         for c in (1024, 2048, 3072):
             row = time_us([1] * 256 + [512], [96] * 256 + [c], True)
