@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .paged_kv import load_kv_tile
 from .target import kernel_capability
 
 LOG2E = 1.4426950408889634  # exp(x) = 2^(x * log2 e)
@@ -72,15 +73,8 @@ def _decode_kernel(
     for tile in range(tile_start, tile_end):
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         valid = (offs_n >= lo) & (offs_n < ctx)
-        # Masked: block table entries outside the window or past the context may be -1.
-        block = tl.load(block_tables_ptr + b * stride_bt + offs_n // BLOCK_SIZE, mask=valid, other=0)
-        row = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_kt + kvh * stride_kh
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        if FP8:  # bytes, as store_kv wrote them, widened exactly; the scales act on the scores and the output
-            k = k.to(tl.float8e4nv, bitcast=True).to(q.dtype)
-            v = v.to(tl.float8e4nv, bitcast=True).to(q.dtype)
+        k, v = load_kv_tile(k_ptr, v_ptr, block_tables_ptr + b * stride_bt, offs_n, valid, offs_d, d_mask, kvh,
+                            stride_kb, stride_kt, stride_kh, BLOCK_SIZE, FP8, q_ptr.dtype.element_ty)
         if DOT_IN_FP32:
             k, v = k.to(tl.float32), v.to(tl.float32)
 

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .paged_kv import load_kv_tile
 from .target import kernel_capability
 
 
@@ -73,15 +74,8 @@ def _prefill_attention_kernel(
         for start in range(lo, hi, BLOCK_N):
             offs_n = start + tl.arange(0, BLOCK_N)
             n_valid = offs_n < hi
-            # Masked: the table's -1 entries past `hi` are never read.
-            block = tl.load(block_tables + seq * stride_bt + offs_n // BLOCK_SIZE, mask=n_valid, other=0)
-            kv_off = block.to(tl.int64) * stride_kb + (offs_n % BLOCK_SIZE) * stride_ks + kv_head * stride_kh
-            kv_mask = n_valid[:, None] & d_valid[None, :]
-            k = tl.load(K + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(V + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-            if FP8:  # bytes, as store_kv wrote them, widened exactly; the scales act on the scores and the output
-                k = k.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
-                v = v.to(tl.float8e4nv, bitcast=True).to(Q.dtype.element_ty)
+            k, v = load_kv_tile(K, V, block_tables + seq * stride_bt, offs_n, n_valid, offs_d, d_valid, kv_head,
+                                stride_kb, stride_ks, stride_kh, BLOCK_SIZE, FP8, Q.dtype.element_ty)
             k, v = k.to(DOT_DTYPE), v.to(DOT_DTYPE)
 
             qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
