@@ -4,6 +4,7 @@ dims, bf16, blocks of 16 tokens): a 512-token chunk alone at several context len
 sequences. Run it in two trees to compare kernels (a GPU):
 
     python scripts/prefill_attention_ab.py --out OUT.json                               # this checkout
+    python scripts/prefill_attention_ab.py --out OUT.json --sweep                       # + other tiles and grids
     (cd BASE && PYTHONPATH=$PWD python ../scripts/prefill_attention_ab.py --out B.json)   # an older tree
 """
 from __future__ import annotations
@@ -59,7 +60,16 @@ def time_us(q_lens, ctx_lens, mixed_ok: bool) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
+    p.add_argument("--sweep", action="store_true", help="also time other (BLOCK_M, BLOCK_N, warps, stages) tiles "
+                   "and other numbers of persistent programs (a tree whose kernel has them)")
     args = p.parse_args()
+    out = {"gpu": torch.cuda.get_device_name(), "rows": cases()}
+    if args.sweep:
+        out["sweep"] = sweep()
+    json.dump(out, open(args.out, "w"), indent=1)
+
+
+def cases() -> list[dict]:
     rows = [time_us([512], [c], False) for c in (1024, 2048, 3072)]
     rows.append(time_us([1024] * 8, [1024] * 8, False))
     rows.append(time_us([8192], [8192], False))
@@ -68,10 +78,32 @@ def main() -> None:
             row = time_us([1] * 256 + [512], [96] * 256 + [c], True)
             row["case"] = "256 decodes + the chunk (the prefill kernel's part)"
             rows.append(row)
-    out = {"gpu": torch.cuda.get_device_name(), "rows": rows}
     for r in rows:
         print(r)
-    json.dump(out, open(args.out, "w"), indent=1)
+    return rows
+
+
+def sweep() -> list[dict]:
+    """The same cases with the launch settings patched: tiles (BLOCK_M, BLOCK_N, warps, stages) at the default
+    grid, then the default tiles with 1x and 4x the multiprocessors in programs."""
+    from minivllm.kernels import prefill_attention as module
+    tiles, programs = module._tiles, module._num_programs
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    variants = [((bm, bn, w, st), None) for bm, bn, w, st in
+                [(64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4)]]
+    variants += [(None, n * sms) for n in (1, 4)]
+    results = []
+    for tile, num_programs in variants:
+        module._tiles = (lambda *a, t=tile: t) if tile else tiles
+        module._num_programs = (lambda *a, n=num_programs: n) if num_programs else programs
+        print("tiles", tile or "default", "programs", num_programs or "default")
+        try:
+            results.append({"tiles": tile, "num_programs": num_programs, "rows": cases()})
+        except Exception as error:  # a tile that does not fit shared memory
+            results.append({"tiles": tile, "num_programs": num_programs, "error": repr(error)[:300]})
+            print(results[-1])
+    module._tiles, module._num_programs = tiles, programs
+    return results
 
 
 if __name__ == "__main__":
