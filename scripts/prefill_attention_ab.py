@@ -90,7 +90,7 @@ def sweep() -> list[dict]:
     tiles, programs = module._tiles, module._num_programs
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     variants = [((bm, bn, w, st), None) for bm, bn, w, st in
-                [(64, 64, 4, 3), (64, 128, 4, 3), (64, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4)]]
+                [(64, 64, 4, 3), (128, 64, 4, 3), (64, 32, 4, 3), (128, 128, 8, 2), (256, 64, 8, 3)]]
     variants += [(None, n * sms) for n in (1, 4)]
     results = []
     for tile, num_programs in variants:

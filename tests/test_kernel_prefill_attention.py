@@ -2,7 +2,7 @@
 
 On CPU the kernel runs in Triton's interpreter (the root conftest sets TRITON_INTERPRET), so the
 shapes are small and odd: several sequences per batch with different chunk lengths and different
-earlier context, odd block sizes, GQA groups 1-4, sliding windows that cut through blocks.
+earlier context, odd block sizes, GQA groups 1-5 and 32, sliding windows that cut through blocks.
 
 Two traps prove the kernel reads only what it must: its block table has -1 for blocks past the
 end of each sequence and for blocks entirely outside the window (the cache sits one block into a
@@ -90,6 +90,8 @@ Q_LENS = [1, 5, 17, 33]
     (7, 6, 2, 48, torch.float32),      # group 3, head_dim not a power of two
     (16, 4, 2, 64, torch.bfloat16),
     (5, 3, 1, 32, torch.bfloat16),
+    (4, 5, 1, 32, torch.float32),      # group 5: each query's rows padded to 8, the padding masked
+    (3, 32, 1, 16, torch.float32),     # group 32, more rows than the interpreter's tile: one query a tile
 ])
 def test_chunks_match_reference(block_size, num_heads, num_kv_heads, head_dim, dtype):
     # earlier context: none, 3, exactly two blocks, an odd count that is not on a block boundary
