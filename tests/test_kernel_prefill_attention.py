@@ -143,7 +143,7 @@ def test_realistic_shapes_on_gpu(window):
     check(inputs, meta, k, v, atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("tiles", [(128, 64, 8, 3), (64, 32, 4, 2), (32, 32, 4, 2)])
+@pytest.mark.parametrize("tiles", [(64, 64, 4, 3), (64, 32, 4, 2), (32, 32, 4, 2), (128, 64, 8, 3)])
 def test_gpu_tile_sizes_in_the_interpreter(monkeypatch, tiles):
     # The tiles a GPU uses (H200 16-bit, T4, fp32), larger than the interpreter's 16 x 16: query
     # tiles longer than some chunks, key tiles spanning several blocks and a window's start.

@@ -95,7 +95,7 @@ def test_capability_override_steers_the_settings(capability_env):
     assert target.kernel_capability(cuda) == (9, 0)
     assert decode_attention._tile_size(cuda) == 128
     assert decode_attention._warps_and_stages(cuda) == (8, 3)
-    assert prefill_attention._tiles(128, torch.float16, cuda) == (128, 64, 8, 3)
+    assert prefill_attention._tiles(128, torch.float16, cuda) == (64, 64, 4, 3)
 
     capability_env(T4_CAPABILITY)
     assert target.kernel_capability(cuda) == (7, 5)

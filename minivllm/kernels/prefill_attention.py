@@ -114,7 +114,7 @@ def _tiles(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int
     if dtype == torch.float32:
         return 32, 32, 4, 2
     if kernel_capability(device)[0] >= 8 and head_dim <= 128:
-        return 128, 64, 8, 3
+        return 64, 64, 4, 3
     return 64, (64 if head_dim <= 64 else 32), 4, 2
 
 
