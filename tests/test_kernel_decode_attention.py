@@ -14,12 +14,13 @@ from minivllm.attention import torch_ref
 from minivllm.attention.metadata import AttentionMetadata
 from minivllm.kernels.decode_attention import choose_num_splits, paged_decode_attention
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # on a GPU machine the kernel runs compiled
 TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
        torch.float16: dict(atol=5e-3, rtol=5e-3)}
 
 
 def make_case(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, window=None,
-              device="cpu", seed=0):
+              device=DEVICE, seed=0):
     """Random queries and a paged cache for an all-decode batch. Returns (q, k, v, tables, lens) for
     the kernel and (k, v, meta) for the reference. The kernel's block table has -1 where a block is
     past the context or wholly outside the window, and its copy of the cache has NaN in those
@@ -55,7 +56,7 @@ def make_case(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype
 
 
 def check(context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, window=None,
-          splits=(None, 1, 2, 3), device="cpu"):
+          splits=(None, 1, 2, 3), device=DEVICE):
     (q, k, v, tables, lens), (k_ref, v_ref, meta) = make_case(
         context_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, window, device)
     scale = head_dim ** -0.5
@@ -123,7 +124,7 @@ def test_realistic_shapes_on_the_gpu(batch, max_len, dtype, window):
     g = torch.Generator().manual_seed(1)
     lens = torch.randint(1, max_len + 1, (batch,), generator=g)
     lens[0] = max_len
-    check(lens.tolist(), 32, 8, 128, 16, dtype, window=window, splits=(None, 1, 7), device="cuda")
+    check(lens.tolist(), 32, 8, 128, 16, dtype, window=window, splits=(None, 1, 7))
 
 
 @pytest.mark.parametrize("tile", [64, 128])
@@ -139,7 +140,7 @@ def test_gpu_tile_sizes_in_the_interpreter(monkeypatch, tile):
 def test_in_a_mixed_batch_answers_the_one_query_sequences_in_place():
     # q holds every token of the step; cu_seqlens_q says where each sequence's queries are. The decode kernel
     # writes the rows of the sequences with one query (anywhere in the batch) and no other row.
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = DEVICE
     (q, k, v, tables, lens), _ = make_case([5, 17, 9, 30], 4, 2, 32, 4, torch.float32, None, device)
     alone = paged_decode_attention(q, k, v, tables, lens, 32 ** -0.5)
     q_lens = [1, 3, 1, 2]                                             # sequences 0 and 2 decode
