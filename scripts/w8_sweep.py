@@ -6,7 +6,7 @@ For the Mistral-7B shape's four linears (qkv, o, gate_up, down) at one token (ba
 bf16 activations: every (BLOCK_N, BLOCK_K, programs per SM, num_warps, num_stages) of a small grid, timed with
 triton.testing.do_bench_cudagraph (replays of a captured graph: the GPU's time, not the host's launches) against
 the kernel's current choice and a bf16 F.linear of the same shape, as a fraction of the measured copy bandwidth
-(each timing cycles through copies of W larger than the L2 cache); and a GEMV variant (`_w8_gemv_kernel`: multiply
+(each timing cycles through copies of W larger than the L2 cache); and the GEMV kernel (`_w8_gemv_kernel`: multiply
 and sum on the CUDA cores, no tensor-core layouts) on the same grid.
 """
 from __future__ import annotations
@@ -18,9 +18,8 @@ import json
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 
-from minivllm.kernels.w8_matmul import _w8_matmul_kernel, w8_matmul
+from minivllm.kernels.w8_matmul import _split_k, _w8_gemv_kernel, _w8_matmul_kernel, w8_matmul
 from minivllm.layers.quantization import dequantize, quantize_per_channel
 from minivllm_lab.bench import roofline
 from minivllm_lab.bench.metrics import hardware_name, source_commit
@@ -30,35 +29,11 @@ L2_BEATING_BYTES = 256 * 2**20
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
-@triton.jit
-def _w8_gemv_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    SPLIT_K: tl.constexpr, FP8: tl.constexpr):
-    """One token: y = (W * scale) @ x on the CUDA cores (multiply, then sum along K), no tensor-core layouts."""
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols[:, None].to(tl.int64) * stride_wn + ks[None, :],
-                    mask=(cols[:, None] < N) & (ks[None, :] < K), other=0)
-        if FP8:
-            w = w.to(tl.float8e4nv, bitcast=True)
-        acc += w.to(tl.float32) * x[None, :]
-    y = tl.sum(acc, axis=1) * tl.load(scale_ptr + cols, mask=cols < N, other=0.0)
-    if SPLIT_K == 1:
-        tl.store(out_ptr + cols, y.to(out_ptr.dtype.element_ty), mask=cols < N)
-    else:
-        tl.atomic_add(out_ptr + cols, y, mask=cols < N)
-
-
 def _split_and_out(x, N, K, block_n, block_k, per_sm):
-    """(output tiles, split-K factor, output buffer): w8_matmul's rule with `per_sm` programs per multiprocessor,
-    and the float32 buffer the split programs add into."""
+    """(output tiles, split-K factor, output buffer): w8_matmul's small-M rule with `per_sm` programs per
+    multiprocessor, and the float32 buffer the split programs add into."""
     tiles = triton.cdiv(N, block_n)
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    split_k = max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(K, block_k), 32))
-    split_k = 1 << (split_k.bit_length() - 1)
+    split_k = _split_k(x, tiles, K, block_k, per_sm, most=32)
     out = torch.zeros(x.shape[0], N, dtype=torch.float32, device=x.device) if split_k > 1 else torch.empty(
         x.shape[0], N, dtype=x.dtype, device=x.device)
     return tiles, split_k, out

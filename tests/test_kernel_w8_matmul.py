@@ -1,7 +1,8 @@
 """The weight-only 8-bit matmul kernel (`w8_matmul`) against x @ (W_q * scale).T in float32.
 
-Weights quantized by `quantize_per_channel` to int8 and fp8 (e4m3); odd shapes: one row, rows, columns
-and K that are not multiples of the tiles, and a long K with few tiles, which the wrapper splits (split-K).
+Weights quantized by `quantize_per_channel` to int8 and fp8 (e4m3); odd shapes: one row (fp8's goes to the
+GEMV kernel), rows, columns and K that are not multiples of the tiles, and a long K with few tiles, which the
+wrapper splits (split-K).
 """
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ BF16_DOT_BROKEN = os.environ.get("TRITON_INTERPRET") == "1"  # triton#11584: mul
 ])
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 @pytest.mark.parametrize("M, N, K, split", [
-    (1, 40, 600, True),       # a decode step: one tile, K split in two
-    (5, 70, 200, False),      # N and K not multiples of the 64 x 128 tiles
+    (1, 12, 2000, True),      # a decode step: one or two tiles, K split
+    (1, 300, 100, False),     # one token, many output tiles: no split
+    (5, 70, 200, False),      # N and K not multiples of the tiles
     (70, 130, 96, False),     # M past one 64-row tile, N and K not multiples either
 ])
 def test_matches_dequantized_reference(monkeypatch, M, N, K, split, kind, dtype):
@@ -42,17 +44,22 @@ def test_matches_dequantized_reference(monkeypatch, M, N, K, split, kind, dtype)
     qweight, scale = qweight.to(DEVICE), scale.to(DEVICE)
     x = torch.randn(M, K, generator=g).to(dtype).to(DEVICE)
 
-    grids = []
-    kernel = w8._w8_matmul_kernel
+    launches = []
 
-    class Spy:  # records the launch grid: its last axis is the split-K factor
+    class Spy:  # records which kernel launched and its grid, whose last axis is the split-K factor
+        def __init__(self, name):
+            self.name, self.kernel = name, getattr(w8, name)
+
         def __getitem__(self, grid):
-            grids.append(grid)
-            return kernel[grid]
-    monkeypatch.setattr(w8, "_w8_matmul_kernel", Spy())
+            launches.append((self.name, grid))
+            return self.kernel[grid]
+    for name in ("_w8_matmul_kernel", "_w8_gemv_kernel"):
+        monkeypatch.setattr(w8, name, Spy(name))
 
     out = w8.w8_matmul(x, qweight, scale)
     assert out.shape == (M, N) and out.dtype == dtype
-    assert (grids[0][2] > 1) == split
+    [(name, grid)] = launches
+    assert name == ("_w8_gemv_kernel" if M == 1 and kind == "fp8" else "_w8_matmul_kernel")
+    assert (grid[-1] > 1) == split
     ref = x.float() @ (qweight.float() * scale[:, None]).T
     torch.testing.assert_close(out.float(), ref, **TOL[dtype], msg=lambda m: f"{seed=}: {m}")

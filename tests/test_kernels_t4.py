@@ -57,9 +57,11 @@ LAUNCHES = {
     "decode, 64 splits": ["_decode_kernel", "_reduce_kernel"],
     "prefill": ["_prefill_attention_kernel"],
     "w8_matmul": ["_w8_matmul_kernel"],
+    "w8_matmul, one fp8 token": ["_w8_gemv_kernel"],
     "per_token_quant_fp8": ["_per_token_quant_fp8_kernel"],
 }
-FP8_ONLY = {"per_token_quant_fp8": "8.9"}   # call -> the capability it compiles for instead of a T4's
+# call -> the capability it compiles for instead of a T4's
+FP8_ONLY = {"per_token_quant_fp8": "8.9", "w8_matmul, one fp8 token": "8.9"}
 CASES = [(model, call, kernel) for model in MODELS for call, kernels in LAUNCHES.items() for kernel in kernels]
 
 
@@ -176,6 +178,8 @@ def wrapper_calls(config: dict) -> dict:
                                                    torch.tensor([tokens], dtype=i32), block_tables[:1], dim ** -0.5,
                                                    window),
         "w8_matmul": lambda: w8_matmul(x, torch.zeros(ffn, hidden, dtype=torch.int8), torch.ones(ffn)),
+        "w8_matmul, one fp8 token": lambda: w8_matmul(x[:1], torch.zeros(ffn, hidden, dtype=torch.float8_e4m3fn),
+                                                      torch.ones(ffn)),
         "per_token_quant_fp8": lambda: per_token_quant_fp8(x),
     }
 

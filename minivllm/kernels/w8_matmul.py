@@ -4,7 +4,9 @@ Each program computes a [BLOCK_M, BLOCK_N] tile of y: it reads W's 8-bit tile, w
 registers (never a dequantized copy in memory) and multiplies on the tensor cores with a float32 accumulator;
 the per-output-channel scales are applied once, to the tile. At a few tokens a step the time is reading W:
 half the bytes of a 16-bit weight. A long K is split across programs (SPLIT_K) so that a small M still fills
-the GPU; their partial sums are added in float32.
+the GPU; their partial sums are added in float32. One token with fp8 weights goes to `_w8_gemv_kernel`
+instead, a multiply and sum on the CUDA cores with no tensor-core layout to fill: `scripts/w8_sweep.py` timed
+it faster than the tiles there (and not for int8), as it timed the small-M tile sizes below.
 
     >>> y = w8_matmul(x, qweight, scale)   # x [M, K], qweight [N, K] int8/fp8, scale [N] float32 -> [M, N]
 """
@@ -41,25 +43,64 @@ def _w8_matmul_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stri
         tl.atomic_add(out, acc, mask=mask)
 
 
+@triton.jit
+def _w8_gemv_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    SPLIT_K: tl.constexpr, FP8: tl.constexpr):
+    """One token: y = (W * scale) @ x, each program BLOCK_N outputs, multiplied and summed along K in float32."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols[:, None].to(tl.int64) * stride_wn + ks[None, :],
+                    mask=(cols[:, None] < N) & (ks[None, :] < K), other=0)
+        if FP8:
+            w = w.to(tl.float8e4nv, bitcast=True)
+        acc += w.to(tl.float32) * x[None, :]
+    y = tl.sum(acc, axis=1) * tl.load(scale_ptr + cols, mask=cols < N, other=0.0)
+    if SPLIT_K == 1:
+        tl.store(out_ptr + cols, y.to(out_ptr.dtype.element_ty), mask=cols < N)
+    else:
+        tl.atomic_add(out_ptr + cols, y, mask=cols < N)
+
+
+def _split_k(x: torch.Tensor, tiles: int, K: int, block_k: int, per_sm: int, most: int) -> int:
+    """Split K so that about `per_sm` programs per streaming multiprocessor read W (a power of 2: each value is
+    a compilation)."""
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
+    split_k = max(1, min(triton.cdiv(per_sm * sms, tiles), triton.cdiv(K, block_k), most))
+    return 1 << (split_k.bit_length() - 1)
+
+
 def w8_matmul(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [M, K] (rows contiguous), qweight [N, K] int8 or float8_e4m3fn, scale [N] float32 -> [M, N] in x's dtype."""
     M, K = x.shape
     N = qweight.shape[0]
     assert qweight.shape[1] == K and x.stride(1) == 1 and qweight.stride(1) == 1 and scale.dtype == torch.float32
     fp8 = qweight.dtype == torch.float8_e4m3fn
-    BLOCK_M = 16 if M <= 16 else 64
-    BLOCK_N, BLOCK_K = (64, 128) if M <= 16 else (128, 64)
-    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
-    # Few tiles (a decode step): split K so that about 4 programs per streaming multiprocessor read W.
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
-    split_k = max(1, min(triton.cdiv(4 * sms, tiles), triton.cdiv(K, 4 * BLOCK_K), 16))
-    split_k = 1 << (split_k.bit_length() - 1)  # a power of 2: each value is a compilation
+    w = qweight.view(torch.uint8) if fp8 else qweight
+    if M == 1 and fp8:
+        block_n, block_k = 8, 512
+        split_k = _split_k(x, triton.cdiv(N, block_n), K, block_k, per_sm=4, most=32)
+    elif M <= 16:  # a decode step: few tiles, so K is split
+        block_m, block_n, block_k, num_stages = 16, 32, 256, 4
+        split_k = _split_k(x, triton.cdiv(N, block_n), K, block_k, per_sm=4, most=32)
+    else:
+        block_m, block_n, block_k, num_stages = 64, 128, 64, 3
+        tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
+        split_k = _split_k(x, tiles, K, 4 * block_k, per_sm=4, most=16)
     if split_k == 1:
         out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     else:
         out = torch.zeros(M, N, dtype=torch.float32, device=x.device)
-    if M > 0:
-        _w8_matmul_kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N), split_k)](
-            x, qweight.view(torch.uint8) if fp8 else qweight, scale, out, M, N, K, x.stride(0), qweight.stride(0),
-            out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SPLIT_K=split_k, FP8=fp8, num_warps=4)
+    if M == 1 and fp8:
+        _w8_gemv_kernel[(triton.cdiv(N, block_n), split_k)](
+            x, w, scale, out, N, K, qweight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, FP8=fp8,
+            num_warps=4, num_stages=3)
+    elif M > 0:
+        _w8_matmul_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n), split_k)](
+            x, w, scale, out, M, N, K, x.stride(0), qweight.stride(0), out.stride(0),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, FP8=fp8, num_warps=4,
+            num_stages=num_stages)
     return out if split_k == 1 else out.to(x.dtype)
