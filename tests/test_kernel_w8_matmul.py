@@ -63,3 +63,16 @@ def test_matches_dequantized_reference(monkeypatch, M, N, K, split, kind, dtype)
     assert (grid[-1] > 1) == split
     ref = x.float() @ (qweight.float() * scale[:, None]).T
     torch.testing.assert_close(out.float(), ref, **TOL[dtype], msg=lambda m: f"{seed=}: {m}")
+
+
+def test_one_fp8_token_in_bfloat16():
+    # The GEMV kernel multiplies on the CUDA cores, without tl.dot: bf16 activations are checked in the
+    # interpreter too.
+    g = torch.Generator().manual_seed(random.randrange(2 ** 32))
+    qweight, scale = quantize_per_channel(torch.randn(37, 700, generator=g) * 0.05, "fp8")
+    qweight, scale = qweight.to(DEVICE), scale.to(DEVICE)
+    x = torch.randn(1, 700, generator=g).to(torch.bfloat16).to(DEVICE)
+    out = w8.w8_matmul(x, qweight, scale)
+    ref = x.float() @ (qweight.float() * scale[:, None]).T
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, **TOL[torch.bfloat16])
