@@ -8,7 +8,8 @@
 # one tarball in $OUT (the device returns at most 8 files), rewritten after each notebook: the notebooks that
 # passed and the figures this call wrote (a later call's copy of the tree has the older figures).
 # A notebook still running after $NB_DUMP_AFTER_S seconds (default 300) gets its kernel's Python stacks written to
-# $OUT/stacks.log (py-spy dump, once a minute), so a call cut short still says where it was.
+# $OUT/stacks.log (py-spy dump, once a minute), so a call cut short still says where it was; a cell that runs
+# longer than $NB_TIMEOUT_S seconds (default 1200) fails its notebook, so one that hangs leaves time to the next.
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 source scripts/gpu_parts.sh env   # the wheels were installed by `source scripts/gpu_parts.sh unpack1`
@@ -22,7 +23,7 @@ for nb in "$@"; do
       for pid in $(pgrep -f ipykernel_launcher); do
         echo "### $nb at $SECONDS s, kernel $pid"; py-spy dump --pid "$pid"; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
       done >> "$OUT/stacks.log" 2>&1; sleep 60; done ) & watchdog=$!
-  python3 -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout=1200 --overwrite --durations=0 "$nb" 2>&1 \
+  python3 -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout="${NB_TIMEOUT_S:-1200}" --overwrite --durations=0 "$nb" 2>&1 \
     | tee -a "$OUT/notebooks.log" && done_nbs+=("$nb")
   kill "$watchdog" 2>/dev/null
   echo "$nb finished at $SECONDS s" | tee -a "$OUT/notebooks.log"
