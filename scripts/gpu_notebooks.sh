@@ -19,10 +19,12 @@ for nb in "$@"; do
   if [ -n "$NB_START_BEFORE_S" ] && [ "$SECONDS" -ge "$NB_START_BEFORE_S" ]; then
     echo "skipped $nb: started too late ($SECONDS s)" | tee -a "$OUT/notebooks.log"; continue
   fi
+  # Its output goes to the file, never to this script's stdout: a `sleep` left behind by the kill below must not
+  # hold the caller's pipe open.
   ( sleep "${NB_DUMP_AFTER_S:-300}"; while true; do
       for pid in $(pgrep -f ipykernel_launcher); do
         echo "### $nb at $SECONDS s, kernel $pid"; py-spy dump --pid "$pid"; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-      done >> "$OUT/stacks.log" 2>&1; sleep 60; done ) & watchdog=$!
+      done; sleep 60; done ) >> "$OUT/stacks.log" 2>&1 & watchdog=$!
   python3 -m pytest -q -p no:cacheprovider --nbmake --nbmake-timeout="${NB_TIMEOUT_S:-1200}" --overwrite --durations=0 "$nb" 2>&1 \
     | tee -a "$OUT/notebooks.log" && done_nbs+=("$nb")
   kill "$watchdog" 2>/dev/null
