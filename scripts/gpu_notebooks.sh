@@ -10,6 +10,8 @@
 # A notebook still running after $NB_DUMP_AFTER_S seconds (default 300) gets its kernel's Python stacks written to
 # $OUT/stacks.log (py-spy dump, once a minute), so a call cut short still says where it was; a cell that runs
 # longer than $NB_TIMEOUT_S seconds (default 1200) fails its notebook, so one that hangs leaves time to the next.
+# nbclient can wait out that whole bound after a cell that shows an ipywidgets `interact`, then carry on without an
+# error (jupyter/nbclient#312): 02 waited 240 s of NB_TIMEOUT_S=240 so on 2026-12-07; its cells took 78 s.
 set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 source scripts/gpu_parts.sh env   # the wheels were installed by `source scripts/gpu_parts.sh unpack1`

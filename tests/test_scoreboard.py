@@ -42,7 +42,6 @@ def test_the_committed_bars_are_the_committed_json():
         (e["step"], e["hardware"], e["tok_s"]) for e in rebuilt]
     by_step = {e["step"]: e for e in rebuilt}
     one_at_a_time = by_step["00 transformers, one request at a time"]["tok_s"]
-    assert one_at_a_time < 20
     assert by_step["12+ the whole engine (every step on)"]["tok_s"] > 100 * one_at_a_time
     assert all(e["source"].startswith("figures/") for e in rebuilt)
 
