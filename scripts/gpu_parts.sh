@@ -4,6 +4,7 @@
 # /tmp only while it is warm, about 30 s after a call: answer each call at once, or start again with unpack1).
 #   here:                          bash scripts/gpu_parts.sh prepare   -> .gpu1/ .gpu2/ .gpu3/ (git-ignored)
 #   there, call 1 (carry .gpu1):   source scripts/gpu_parts.sh unpack1 -> the wheels installed (Jupyter, serving, xgrammar)
+#                                  (REQUIRE_GPU=H200 before it: nothing installed on any other GPU)
 #   there, call 2 (carry .gpu2):   source scripts/gpu_parts.sh unpack2 -> SmolLM2's first half kept in /tmp
 #   there, call 3 (carry .gpu3):   source scripts/gpu_parts.sh unpack3 -> real SmolLM2-135M installed, and its HF
 #                                  folder built, so no notebook prints that build's progress bar
@@ -30,6 +31,11 @@ case "$1" in
     head -c "$half" "$wheel" > .gpu2/smol.aa; tail -c +$((half + 1)) "$wheel" > .gpu3/smol.ab
     rm -rf "$tmp"; du -sh .gpu1 .gpu2 .gpu3 ;;
   unpack1)
+    # REQUIRE_GPU=H200: stop before anything is installed if the machine lent has another GPU (a series must run
+    # on one kind of GPU; a call for an H200 can get an H100).
+    if [ -n "$REQUIRE_GPU" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q "$REQUIRE_GPU"; then
+      echo "not an $REQUIRE_GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -1)"; return 3
+    fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .gpu1/*.whl \
       && source "${BASH_SOURCE[0]}" env \
       && { [ ! -d $SITE/ipykernel ] || python3 -m ipykernel install --user --name python3 >/dev/null; } ;;
