@@ -33,8 +33,9 @@ case "$1" in
   unpack1)
     # REQUIRE_GPU=H200: stop before anything is installed if the machine lent has another GPU (a series must run
     # on one kind of GPU; a call for an H200 can get an H100).
-    if [ -n "$REQUIRE_GPU" ] && ! nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q "$REQUIRE_GPU"; then
-      echo "not an $REQUIRE_GPU: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -1)"; return 3
+    if [ -n "$REQUIRE_GPU" ]; then
+      gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>&1 | head -1)
+      [[ "$gpu_name" == *"$REQUIRE_GPU"* ]] || { echo "not an $REQUIRE_GPU: $gpu_name"; return 3; }
     fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE .gpu1/*.whl \
       && source "${BASH_SOURCE[0]}" env \
