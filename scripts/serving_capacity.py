@@ -5,7 +5,8 @@ server detokenizes as it would with a real model). First W3 offline through `LLM
 the weights' format, token ids only and detokenizing, on prompts no other run uses; then `minivllm serve` with no
 flags beyond the model (the weights' format, the port), driven by minivllm_lab.bench.serve with 1000 W3 requests
 per rate, fresh prompts at each rate, several client processes, rates swept upwards. Capacity is the highest
-rate within the reading-speed SLO.
+rate within the reading-speed SLO that asks for no more output tokens a second than W3 offline made (token ids
+only): a faster rate can last out 1000 requests without being sustained (serve_stats.sustainable_rate).
 Usage on the GPU machine: python scripts/serving_capacity.py --out $OUT/serving_capacity_h200.json
 """
 import argparse
@@ -76,6 +77,7 @@ try:
     subprocess.run([sys.executable, "-m", "minivllm_lab.bench.serve", "--base-url", f"http://127.0.0.1:{args.port}",
                     "--request-rate", args.rates, "--num-prompts", str(args.num_prompts),
                     "--num-clients", str(args.num_clients), "--hardware", hardware,
+                    "--max-output-tok-s", str(ids_only["output_tok_s"]),
                     "--label", "minivllm serve (defaults)", "--out", str(served)], check=True)
 finally:
     server.send_signal(2)
@@ -89,6 +91,7 @@ result = {
     "commit": source_commit(),
     "command": "python scripts/serving_capacity.py",
     "capacity_req_s_default_flags": sweep["capacity_req_s"],
+    "sustainable_rate_req_s": sweep["sustainable_rate_req_s"],
     "w3_offline_tok_s": ids_only["output_tok_s"],
     "w3_offline_detokenizing_tok_s": detokenizing["output_tok_s"],
     "offline": {"token ids only": ids_only, "detokenizing": detokenizing},

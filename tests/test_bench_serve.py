@@ -28,6 +28,7 @@ from minivllm_lab.bench.serve_stats import (
     first_break,
     format_report,
     summarize_requests,
+    sustainable_rate,
     within_slo,
 )
 from minivllm_lab.bench.workloads import w3
@@ -139,6 +140,22 @@ def test_first_break_is_the_lowest_finite_rate_that_broke():
     assert first_break([_row(1.0, 0.2, 0.05, failed=2)], READING_SPEED_SLO) == 1.0
 
 
+def test_a_rate_asking_for_more_tokens_than_the_engine_makes_is_not_capacity():
+    # Notebook 13's committed H100 sweep: every rate met the SLO in its 1000-request run, but W3 offline made
+    # 15,576 output tok/s, 103.8 requests a second of 150 tokens.
+    rows = [_row(r, 0.1, 0.03) for r in (60.0, 80.0, 100.0, 120.0, 140.0, 160.0)]
+    bound = sustainable_rate(15_576.0, 150)
+    assert bound == pytest.approx(103.84, abs=0.01)
+    assert capacity(rows, READING_SPEED_SLO) == 160.0 and first_break(rows, READING_SPEED_SLO) is None
+    assert capacity(rows, READING_SPEED_SLO, max_rate=bound) == 100.0
+    assert first_break(rows, READING_SPEED_SLO, max_rate=bound) == 120.0
+    # The SLO still decides below the bound, and a rate exactly at it counts.
+    assert capacity([_row(50.0, 0.1, 0.03), _row(80.0, 2.0, 0.03)], READING_SPEED_SLO, max_rate=bound) == 50.0
+    assert capacity([_row(60.0, 0.1, 0.03)], READING_SPEED_SLO, max_rate=60.0) == 60.0
+    with pytest.raises(ValueError):
+        sustainable_rate(0.0, 150)
+
+
 @pytest.mark.parametrize("stop", [False, True])
 def test_stop_at_slo_break_ends_the_sweep_at_the_first_broken_rate(monkeypatch, stop):
     """The server is faked: each rate's summary is drawn here, rate 4 breaks TTFT."""
@@ -165,6 +182,16 @@ def test_stop_at_slo_break_ends_the_sweep_at_the_first_broken_rate(monkeypatch, 
     result = asyncio.run(serve.benchmark(args))
     assert swept == ([1.0, 2.0, 4.0] if stop else [1.0, 2.0, 4.0, 8.0])
     assert result["capacity_req_s"] == 2.0 and result["slo_broken_at_req_s"] == 4.0
+    assert result["sustainable_rate_req_s"] is None
+
+    # The engine makes 12 output tokens/s at best: at the smoke answers' 8 tokens, 1.5 requests a second.
+    swept.clear()
+    args = serve.parse_args(["--smoke", "--model", "m", "--request-rate", "1,2,4,8", "--base-url", "http://127.0.0.1:9",
+                             "--max-output-tok-s", "12"] + (["--stop-at-slo-break"] if stop else []))
+    result = asyncio.run(serve.benchmark(args))
+    assert swept == ([1.0, 2.0] if stop else [1.0, 2.0, 4.0, 8.0])
+    assert result["capacity_req_s"] == 1.0 and result["slo_broken_at_req_s"] == 2.0
+    assert result["sustainable_rate_req_s"] == 1.5
 
 
 def test_sse_lines_and_chunks():

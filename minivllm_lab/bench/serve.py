@@ -45,7 +45,7 @@ from .serve_stats import (
     first_break,
     format_report,
     summarize_requests,
-    within_slo,
+    sustainable_rate,
 )
 from .workloads import w3
 
@@ -71,6 +71,9 @@ def parse_args(argv=None):
                                                         "(default 1,2,4,8,inf; 4,inf with --smoke)")
     p.add_argument("--stop-at-slo-break", action="store_true",
                    help="end the sweep at the first finite rate whose p99 TTFT or TPOT breaks the SLO")
+    p.add_argument("--max-output-tok-s", type=float, default=None,
+                   help="the engine's best output tokens/s on this workload (offline): a rate asking for more "
+                        "breaks the SLO however its run fared (serve_stats.sustainable_rate)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 is Poisson")
     p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)")
     p.add_argument("--num-clients", type=int, default=1,
@@ -171,6 +174,7 @@ async def benchmark(args) -> dict:
     """The whole sweep against one server; returns what goes into the JSON."""
     rates = [float(r) for r in (args.request_rate or ("4,inf" if args.smoke else "1,2,4,8,inf")).split(",")]
     sizes = w3_sizes(args)
+    max_rate = sustainable_rate(args.max_output_tok_s, sizes["output_len"]) if args.max_output_tok_s else None
     url = args.base_url.rstrip("/") + ENDPOINTS[args.endpoint]
     # No pool limit: the semaphore, not httpx's pool, decides how many requests are in flight; a pool
     # limit would queue requests inside the client after their clocks started.
@@ -205,7 +209,7 @@ async def benchmark(args) -> dict:
             for error, count in list(row["errors"].items())[:3]:
                 print(f"  failed ({count}x): {error}")
             rows.append(row)
-            if args.stop_at_slo_break and math.isfinite(rate) and not within_slo(row, READING_SPEED_SLO):
+            if args.stop_at_slo_break and first_break([row], READING_SPEED_SLO, max_rate) is not None:
                 print(f"the SLO broke at {rate:g} req/s: the sweep stops here", flush=True)
                 break
     workload = {"name": "W3", **sizes, "vocab_size": args.vocab_size, "seed": args.seed, "burstiness": args.burstiness,
@@ -213,8 +217,9 @@ async def benchmark(args) -> dict:
                 "extra_body": json.loads(args.extra_body), "text_format": args.text_format}
     return {"label": label, "base_url": args.base_url, "model": model, "endpoint": args.endpoint,
             "workload": workload, "slo": READING_SPEED_SLO, "hardware": args.hardware or hardware_name(),
-            "rates": rows, "capacity_req_s": capacity(rows, READING_SPEED_SLO),
-            "slo_broken_at_req_s": first_break(rows, READING_SPEED_SLO)}
+            "sustainable_rate_req_s": max_rate, "rates": rows,
+            "capacity_req_s": capacity(rows, READING_SPEED_SLO, max_rate),
+            "slo_broken_at_req_s": first_break(rows, READING_SPEED_SLO, max_rate)}
 
 
 def plot_main(argv) -> None:

@@ -14,6 +14,7 @@ reading speed and the tokens per word are `minivllm_lab.constants`; 1 / `reading
     row = summarize_requests(results, duration_s=12.5, slo=READING_SPEED_SLO)
     capacity([{"rate": 1.0, **row1}, {"rate": 2.0, **row2}], READING_SPEED_SLO)   # 1.0, 2.0 or None
     first_break([{"rate": 1.0, **row1}, {"rate": 2.0, **row2}], READING_SPEED_SLO)  # 1.0, 2.0 or None
+    capacity(rows, READING_SPEED_SLO, max_rate=sustainable_rate(15_576.0, 150))    # rates above 103.8 break
 """
 from __future__ import annotations
 
@@ -89,29 +90,44 @@ def within_slo(row: dict, slo: dict) -> bool:
             and (row["tpot_p99_s"] is None or row["tpot_p99_s"] <= slo["tpot_s"]))
 
 
+def sustainable_rate(max_output_tok_s: float, output_len: int) -> float:
+    """The highest request rate whose answers the engine can make at all: its best output tokens per second
+    (offline, on the same requests) over the tokens of one answer. Above it requests arrive faster than any
+    batch answers them, so the backlog grows for as long as the run lasts; a finite run can end before that
+    breaks the SLO, and such a rate must not count as capacity."""
+    if max_output_tok_s <= 0 or output_len <= 0:
+        raise ValueError(f"need positive tokens/s and answer length, got {max_output_tok_s} and {output_len}")
+    return max_output_tok_s / output_len
+
+
+def _broken(row: dict, slo: dict, max_rate: float | None) -> bool:
+    return not within_slo(row, slo) or (max_rate is not None and float(row["rate"]) > max_rate)
+
+
 def _finite_rows(rows: list[dict]) -> list[dict]:
     return sorted((r for r in rows if math.isfinite(float(r["rate"]))), key=lambda r: float(r["rate"]))
 
 
-def capacity(rows: list[dict], slo: dict) -> float | None:
+def capacity(rows: list[dict], slo: dict, max_rate: float | None = None) -> float | None:
     """The highest finite rate up to which every rate swept succeeded with p99 TTFT and p99 TPOT within the SLO.
 
     The sweep stops counting at the first rate that breaks: a higher rate that happens to pass (an overloaded
-    server whose queue drains differently) is not capacity. All-at-once (rate "inf") is left out: a burst of N
-    requests is not a sustained rate, and how it fares depends on N. None if the lowest rate breaks.
+    server whose queue drains differently) is not capacity. A rate above `max_rate` (`sustainable_rate`) breaks
+    too, however its run fared. All-at-once (rate "inf") is left out: a burst of N requests is not a sustained
+    rate, and how it fares depends on N. None if the lowest rate breaks.
     """
     best = None
     for row in _finite_rows(rows):
-        if not within_slo(row, slo):
+        if _broken(row, slo, max_rate):
             break
         best = float(row["rate"])
     return best
 
 
-def first_break(rows: list[dict], slo: dict) -> float | None:
-    """The lowest finite rate swept that broke the SLO, or None if none did (then the capacity is only a lower
-    bound: at least the highest rate swept)."""
-    return next((float(r["rate"]) for r in _finite_rows(rows) if not within_slo(r, slo)), None)
+def first_break(rows: list[dict], slo: dict, max_rate: float | None = None) -> float | None:
+    """The lowest finite rate swept that broke the SLO (or lies above `max_rate`), or None if none did (then the
+    capacity is only a lower bound: at least the highest rate swept)."""
+    return next((float(r["rate"]) for r in _finite_rows(rows) if _broken(r, slo, max_rate)), None)
 
 
 def _ms(value) -> str:
