@@ -66,10 +66,10 @@ def test_all_notebooks_ran_at_one_commit():  # (b)
     assert len(set(commits.values())) == 1, commits
 
 
-# Notebooks whose code cells changed since the series ran (fixes waiting for the re-execution, and the mixed-step
-# graphs that replaced the piecewise ones): expected to fail (c) until the series is re-executed, and to fail
-# loudly if they pass.
-EDITED_SINCE_THE_RUN: set[str] = set()
+# Notebooks whose code cells changed since the series ran (13: its load test first streams every request at once
+# and counts the rates asking for more tokens a second as broken): expected to fail (c) until the series is
+# re-executed, and to fail loudly if they pass.
+EDITED_SINCE_THE_RUN = {"13"}
 
 
 @pytest.mark.parametrize("path", [
