@@ -273,6 +273,20 @@ def test_plot_of_two_servers(tmp_path):
     assert (tmp_path / "out" / "serve.png").stat().st_size > 0 and path.endswith("serve.png")
 
 
+def test_plot_marks_the_most_a_server_sustains_where_it_lies_among_the_rates(tmp_path, monkeypatch):
+    import matplotlib.axes
+    drawn, axvline = [], matplotlib.axes.Axes.axvline
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline", lambda ax, x, **kw: drawn.append(x) or axvline(ax, x, **kw))
+    rows = [{"rate": r, "ttft_p50_s": 0.1, "ttft_p99_s": 0.2, "tpot_p50_s": 0.02, "tpot_p99_s": 0.05}
+            for r in (1.0, 2.0, 4.0)]
+    result = {"label": "a", "hardware": "test GPU", "slo": READING_SPEED_SLO, "rates": rows,
+              "workload": {"name": "W3", "num_requests": 8, "burstiness": 1.0}}
+    for bound, marked in ((3.0, [3.0] * 4), (40.0, []), (None, [])):  # one line per panel, or none
+        drawn.clear()
+        plot_serving([{**result, "sustainable_rate_req_s": bound}], str(tmp_path / "serve.png"))
+        assert drawn == marked
+
+
 @pytest.mark.slow
 def test_smoke_run_against_the_real_server(tiny_llama, tmp_path, capsys):
     """One client process, then the requests dealt out to two (--num-clients): the same requests, all answered."""

@@ -39,11 +39,15 @@ def plot_serving(results: list[dict], path: str) -> str:
         for result, label, (color, linestyle, marker) in zip(results, labels, STYLES * len(results)):
             x, y = _points(result, key)
             ax.plot(x, y, color=color, linestyle=linestyle, marker=marker, label=label)
+            bound = result.get("sustainable_rate_req_s")  # rates right of it ask for more tokens than it makes
+            if bound and x and min(x) <= bound <= max(x):
+                ax.axvline(bound, color=color, linestyle=":", linewidth=1.5, label=f"{label}: the most it sustains")
         slo_ms = 1e3 * results[0]["slo"][slo_key]
         ax.axhline(slo_ms, color="black", linewidth=1, alpha=0.6, label="SLO (reading speed)")
         # Log scales: rates are swept in doublings, and past capacity the latency grows by orders of magnitude.
         ax.set_xscale("log", base=2)
         ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.tick_params(axis="x", labelrotation=45)  # rates a few percent apart on the log axis would overlap
         ax.minorticks_off()
         ax.set_yscale("log")
         ax.set_title(f"{title} (SLO {slo_ms:.0f} ms)", fontsize=10)
