@@ -15,8 +15,8 @@ ODD_PLURAL = re.compile(r"(?<![\w.])(?!len\()[A-Za-z]+\((?:s|es)\)")  # "prompt(
 ODD_STRING = re.compile(r"(?<![\d.,+-])1 (?:tokens|requests|steps|sequences|blocks|guesses|preemptions|launches|"
                         r"answers|layers|seconds)\b|\bof None\b|\bn/a ms\b")
 STDERR_NOTICES = ("building SmolLM2-135M folder from GGUF",)  # the package's own one-time notice
-# Committed outputs that print an odd string, fixed in the code cell only when the series is next re-executed (the
-# run at 6a0713e is the committed one): strict, so the re-execution that fixes them removes them here.
+# Committed outputs that print an odd string, fixed in the code cell only when the series is next re-executed:
+# strict, so the re-execution that fixes them removes them here.
 ODD_UNTIL_RE_RUN: set[str] = set()
 
 

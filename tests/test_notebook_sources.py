@@ -32,8 +32,7 @@ def calls_print_source(node: ast.AST) -> bool:
                for n in ast.walk(node))
 
 
-# Cells whose printed source the package has changed since the series ran (the fp8 paths of the attention kernels
-# and of fp8_scaled_mm, the attention backend, the mixed-step graphs): expected to fail until the series is
+# Cells whose printed source the package has changed since the series ran: expected to fail until the series is
 # re-executed, and to fail loudly if they pass.
 STALE_UNTIL_RE_RUN: set[str] = set()
 

@@ -41,6 +41,7 @@ from .serve_plot import plot_serving
 from .serve_stats import (
     READING_SPEED_SLO,
     arrival_times,
+    breaks,
     capacity,
     first_break,
     format_report,
@@ -72,8 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--stop-at-slo-break", action="store_true",
                    help="end the sweep at the first finite rate whose p99 TTFT or TPOT breaks the SLO")
     p.add_argument("--max-output-tok-s", type=float, default=None,
-                   help="the engine's best output tokens/s on this workload (offline): a rate asking for more "
-                        "breaks the SLO however its run fared (serve_stats.sustainable_rate)")
+                   help="the server's best output tokens/s on this workload (offline, or all requests at once): a "
+                        "rate asking for more counts as broken however its run fared (serve_stats.sustainable_rate)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps: 1 is Poisson")
     p.add_argument("--max-concurrency", type=int, default=None, help="requests in flight at most (default: no limit)")
     p.add_argument("--num-clients", type=int, default=1,
@@ -209,7 +210,7 @@ async def benchmark(args) -> dict:
             for error, count in list(row["errors"].items())[:3]:
                 print(f"  failed ({count}x): {error}")
             rows.append(row)
-            if args.stop_at_slo_break and first_break([row], READING_SPEED_SLO, max_rate) is not None:
+            if args.stop_at_slo_break and math.isfinite(rate) and breaks(row, READING_SPEED_SLO, max_rate):
                 print(f"the SLO broke at {rate:g} req/s: the sweep stops here", flush=True)
                 break
     workload = {"name": "W3", **sizes, "vocab_size": args.vocab_size, "seed": args.seed, "burstiness": args.burstiness,

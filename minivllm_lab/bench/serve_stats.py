@@ -91,16 +91,17 @@ def within_slo(row: dict, slo: dict) -> bool:
 
 
 def sustainable_rate(max_output_tok_s: float, output_len: int) -> float:
-    """The highest request rate whose answers the engine can make at all: its best output tokens per second
-    (offline, on the same requests) over the tokens of one answer. Above it requests arrive faster than any
-    batch answers them, so the backlog grows for as long as the run lasts; a finite run can end before that
-    breaks the SLO, and such a rate must not count as capacity."""
+    """The highest request rate whose answers the engine can make at all: its best output tokens per second on
+    the same requests (offline, or served with every request at once) over the tokens of one answer. Above it
+    requests arrive faster than any batch answers them, so the backlog grows for as long as the run lasts; a
+    finite run can end before that breaks the SLO, and such a rate must not count as capacity."""
     if max_output_tok_s <= 0 or output_len <= 0:
         raise ValueError(f"need positive tokens/s and answer length, got {max_output_tok_s} and {output_len}")
     return max_output_tok_s / output_len
 
 
-def _broken(row: dict, slo: dict, max_rate: float | None) -> bool:
+def breaks(row: dict, slo: dict, max_rate: float | None = None) -> bool:
+    """One rate's row counts against the capacity: it missed the SLO, or its rate is above `max_rate`."""
     return not within_slo(row, slo) or (max_rate is not None and float(row["rate"]) > max_rate)
 
 
@@ -118,7 +119,7 @@ def capacity(rows: list[dict], slo: dict, max_rate: float | None = None) -> floa
     """
     best = None
     for row in _finite_rows(rows):
-        if _broken(row, slo, max_rate):
+        if breaks(row, slo, max_rate):
             break
         best = float(row["rate"])
     return best
@@ -127,7 +128,7 @@ def capacity(rows: list[dict], slo: dict, max_rate: float | None = None) -> floa
 def first_break(rows: list[dict], slo: dict, max_rate: float | None = None) -> float | None:
     """The lowest finite rate swept that broke the SLO (or lies above `max_rate`), or None if none did (then the
     capacity is only a lower bound: at least the highest rate swept)."""
-    return next((float(r["rate"]) for r in _finite_rows(rows) if _broken(r, slo, max_rate)), None)
+    return next((float(r["rate"]) for r in _finite_rows(rows) if breaks(r, slo, max_rate)), None)
 
 
 def _ms(value) -> str:
