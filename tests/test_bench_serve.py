@@ -194,6 +194,13 @@ def test_stop_at_slo_break_ends_the_sweep_at_the_first_broken_rate(monkeypatch, 
     assert result["sustainable_rate_req_s"] == 1.5
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_a_bound_that_is_not_positive_is_refused_at_the_command_line(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        serve.parse_args(["--max-output-tok-s", value])
+    assert exit_info.value.code == 2 and "--max-output-tok-s must be positive" in capsys.readouterr().err
+
+
 def test_sse_lines_and_chunks():
     assert parse_sse_line('data: {"choices": []}') == {"choices": []}
     assert parse_sse_line('data:{"a": 1}') == {"a": 1}

@@ -89,7 +89,10 @@ def parse_args(argv=None):
     p.add_argument("--out", default=None, help="JSON path (default bench-results/serve.json, serve-smoke.json)")
     p.add_argument("--plot", default=None, help="PNG path (default: beside the JSON)")
     p.add_argument("--smoke", action="store_true", help=f"tiny sizes ({SMOKE_SIZES}), no progress bar")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.max_output_tok_s is not None and not args.max_output_tok_s > 0:
+        p.error(f"--max-output-tok-s must be positive, got {args.max_output_tok_s:g}")
+    return args
 
 
 def w3_sizes(args) -> dict:
