@@ -5,9 +5,10 @@
 
 For the graphed engine (the default) and the eager one (enforce_eager=True), through the public engine: the step
 period of `decodes` sequences decoding alone, then of the same plus a `chunk`-token piece of a long prompt (the
-step budget is decodes + chunk), each the median of several runs of consecutive steps with the overlap on, as in
-serving. The floor is the graphed decode step plus the chunk's matmul FLOPs at the bf16 rate measured in the same
-run. On a GPU a torch.profiler table of a few graphed mixed steps says where their time goes.
+step budget is decodes + chunk), each the median of several runs of consecutive steps with the overlap on and the
+startup objects out of the garbage collector's sight, as in serving. The floor is the graphed decode step plus the
+chunk's matmul FLOPs at the bf16 rate measured in the same run. On a GPU a torch.profiler table of a few graphed
+mixed steps says where their time goes.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.core import startup_objects_frozen
 from minivllm.models.loader import resolve_model
 
 from ..machine import tiny_checkpoint
@@ -74,6 +76,13 @@ def measure(model: str, engine_args: dict, decodes: int, chunk: int, chunks: int
     while any(seq.num_uncomputed_tokens > 1 for seq in engine.requests.values()) or len(shapes) < 4:
         engine.step()  # every prompt in; a few decodes as warm-up
     shapes.clear()
+    with startup_objects_frozen():
+        row = _timed_runs(engine, device, shapes, g, vocab, chunk, chunks, steps, runs, profile)
+    llm.shutdown()
+    return row
+
+
+def _timed_runs(engine, device, shapes, g, vocab, chunk, chunks, steps, runs, profile) -> dict:
     decode = [step_period_ms(engine, steps, device) for _ in range(runs)]
     row = {"decode_steps": sorted(set(shapes))}
     mixed, mixed_shapes = [], set()
@@ -94,7 +103,6 @@ def measure(model: str, engine_args: dict, decodes: int, chunk: int, chunks: int
             engine.step()
     row.update(decode_ms=statistics.median(decode), mixed_ms=statistics.median(mixed), decode_ms_runs=decode,
                mixed_ms_runs=mixed, mixed_steps=sorted(mixed_shapes), graph_replays=dict(engine.runner.graph_replays))
-    llm.shutdown()
     return row
 
 
