@@ -119,6 +119,52 @@ def test_mixed_steps_replay_cuda_graphs(tiny_llama, tiny_mistral, dtype, tol):
             assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in eager]
 
 
+def launch_steps_checked(llm, prompts, params) -> list[int]:
+    """Generate with the engine core's `_launch` (schedule, pack, forward, sample) under torch's sync debug mode
+    "error": a call that waits for the GPU raises there. Returns each launched step's token count."""
+    core, tokens = llm.llm_engine.engine_core, []
+    launch, execute = core._launch, core.executor.execute_model
+
+    def counted(scheduler_output):
+        tokens.append(sum(e.num_tokens for e in scheduler_output.entries))
+        return execute(scheduler_output)
+
+    def checked(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    core._launch, core.executor.execute_model = checked, counted
+    try:
+        llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        core._launch, core.executor.execute_model = launch, execute
+    return tokens
+
+
+def test_steps_launch_without_waiting_for_the_gpu(tiny_llama):
+    # Async scheduling plans step n+1 while step n runs only if nothing before its launch waits for the GPU: not
+    # the schedule, the packing, a decode graph, a mixed graph, an eager step past the largest graph, nor greedy,
+    # random or seeded sampling. Only reading a step's tokens waits (outside `_launch`).
+    from minivllm.worker.cuda_graphs import MAX_MIXED_GRAPH_TOKENS
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())))
+    lens = torch.randint(70, 90, (40,), generator=g).tolist()
+    prompts = [torch.randint(0, 211, (n,), generator=g).tolist() for n in lens]
+    params = [SamplingParams(temperature=[0, 0.8][i % 2], seed=i if i % 4 == 1 else None, max_tokens=4 + i % 17,
+                             ignore_eos=True) for i in range(len(prompts))]
+    llm = LLM(tiny_llama[0], dtype="bfloat16", max_model_len=128, num_kv_blocks=320, max_num_seqs=32,
+              max_num_batched_tokens=4096)
+    llm.generate(prompts[:4], params[:4], use_tqdm=False)  # Triton compiles outside the check
+    runner = llm.llm_engine.runner
+    before = dict(runner.graph_replays)
+    tokens = launch_steps_checked(llm, prompts, params)
+    assert max(tokens) > MAX_MIXED_GRAPH_TOKENS                       # the first step, eager
+    assert runner.graph_replays["decode"] > before.get("decode", 0)
+    assert runner.graph_replays["mixed"] > before.get("mixed", 0)    # newcomers beside decodes
+
+
 def test_enforce_eager_captures_no_graph(tiny_llama):
     runner = LLM(tiny_llama[0], max_model_len=96, num_kv_blocks=24, enforce_eager=True).llm_engine.runner
     assert runner.graphs is None and runner.graph_memory_bytes == 0
