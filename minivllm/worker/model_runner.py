@@ -213,7 +213,8 @@ class ModelRunner:
         rows, starts, lens, token_ids, from_gpu_dst, from_gpu_src, sample_positions = [], [], [], [], [], [], []
         prompt_positions = []
         for e in entries:
-            prompt_positions.extend(p - e.start + len(token_ids) for p in e.prompt_logprob_span)
+            if e.prompt_logprob_span:
+                prompt_positions.extend(p - e.start + len(token_ids) for p in e.prompt_logprob_span)
             rows.append(self.block_table.row_of(e.seq))
             starts.append(e.start)
             lens.append(e.num_tokens)
