@@ -206,15 +206,16 @@ class OutputProcessor:
             advanced[id(state)] = state
         request_outputs, now = [], time.perf_counter()
         for state in advanced.values():
+            finished = state.finished
             if state.metrics.first_token_time is None and any(c.token_ids for c in state.completions):
                 state.metrics.first_token_time = now
-            if state.finished:
+            if finished:
                 state.metrics.finished_time = now
                 self.remove(state)
             if state.stream is not None:
-                state.stream.put(state.snapshot(), state.finished)
-            elif state.finished or (any(c.token_ids for c in state.completions)
-                                    and state.params.output_kind != RequestOutputKind.FINAL_ONLY):
+                state.stream.put(state.snapshot(), finished)
+            elif finished or (state.params.output_kind != RequestOutputKind.FINAL_ONLY
+                              and any(c.token_ids for c in state.completions)):
                 request_outputs.append(state.output(state.snapshot()))
         return request_outputs, to_abort
 
