@@ -38,7 +38,11 @@ class BlockTable:
             self.num_written[row] = 0
         blocks, written = seq.block_table, self.num_written[row]
         if len(blocks) > written:
-            # Never pass -1 (a freed block) to a kernel.
-            self.table[row, written:len(blocks)] = torch.tensor(blocks[written:], dtype=torch.int32).clamp_(min=0)
+            # Never pass -1 (a freed block) to a kernel. One new block (a decode's) is written as a scalar:
+            # building a tensor for it would cost the host three times as much.
+            if len(blocks) == written + 1:
+                self.table[row, written] = max(blocks[written], 0)
+            else:
+                self.table[row, written:len(blocks)] = torch.tensor(blocks[written:], dtype=torch.int32).clamp_(min=0)
             self.num_written[row] = len(blocks)
         return row
