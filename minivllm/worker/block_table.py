@@ -39,7 +39,7 @@ class BlockTable:
         blocks, written = seq.block_table, self.num_written[row]
         if len(blocks) > written:
             # Never pass -1 (a freed block) to a kernel. One new block (a decode's) is written as a scalar:
-            # building a tensor for it would cost the host three times as much.
+            # building a tensor for it costs the host more than the write.
             if len(blocks) == written + 1:
                 self.table[row, written] = max(blocks[written], 0)
             else:
