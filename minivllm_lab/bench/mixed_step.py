@@ -37,11 +37,12 @@ def _sync(device) -> None:
 
 
 def step_period_ms(engine, num_steps: int, device) -> float:
-    """Milliseconds per step over `num_steps` consecutive steps."""
+    """Milliseconds per step over `num_steps` consecutive steps, the startup objects frozen as in serving."""
     _sync(device)
     start = time.perf_counter()
-    for _ in range(num_steps):
-        engine.step()
+    with startup_objects_frozen():
+        for _ in range(num_steps):
+            engine.step()
     _sync(device)
     return (time.perf_counter() - start) / num_steps * 1e3
 
@@ -76,13 +77,6 @@ def measure(model: str, engine_args: dict, decodes: int, chunk: int, chunks: int
     while any(seq.num_uncomputed_tokens > 1 for seq in engine.requests.values()) or len(shapes) < 4:
         engine.step()  # every prompt in; a few decodes as warm-up
     shapes.clear()
-    with startup_objects_frozen():
-        row = _timed_runs(engine, device, shapes, g, vocab, chunk, chunks, steps, runs, profile)
-    llm.shutdown()
-    return row
-
-
-def _timed_runs(engine, device, shapes, g, vocab, chunk, chunks, steps, runs, profile) -> dict:
     decode = [step_period_ms(engine, steps, device) for _ in range(runs)]
     row = {"decode_steps": sorted(set(shapes))}
     mixed, mixed_shapes = [], set()
@@ -103,6 +97,7 @@ def _timed_runs(engine, device, shapes, g, vocab, chunk, chunks, steps, runs, pr
             engine.step()
     row.update(decode_ms=statistics.median(decode), mixed_ms=statistics.median(mixed), decode_ms_runs=decode,
                mixed_ms_runs=mixed, mixed_steps=sorted(mixed_shapes), graph_replays=dict(engine.runner.graph_replays))
+    llm.shutdown()
     return row
 
 
