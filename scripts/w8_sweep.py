@@ -23,9 +23,8 @@ from minivllm.kernels.w8_matmul import _split_k, _w8_gemv_kernel, _w8_matmul_ker
 from minivllm.layers.quantization import dequantize, quantize_per_channel
 from minivllm_lab.bench import roofline
 from minivllm_lab.bench.metrics import hardware_name, source_commit
+from minivllm_lab.bench.quantization import L2_BEATING_BYTES, graph_ms
 
-# Bytes of weight copies a timing cycles through: past the L2 cache of any GPU (an H200 has 60 MB of it).
-L2_BEATING_BYTES = 256 * 2**20
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
@@ -85,13 +84,11 @@ def main() -> None:
 
             def per_call_ms(run, *cfg):
                 """Median GPU ms of one call, from graph replays that cycle through the copies."""
-                return triton.testing.do_bench_cudagraph(lambda: [run(x, wc, sc, *cfg) for wc, sc in copies], rep=25,
-                                                         return_mode="median") / len(copies)
+                return graph_ms(lambda c: run(x, *c, *cfg), copies)
 
             current = per_call_ms(w8_matmul)
             wide = [dequantize(wc, sc, torch.bfloat16) for wc, sc in copies[:max(1, len(copies) // 2)]]  # same bytes
-            bf16_ms = triton.testing.do_bench_cudagraph(lambda: [F.linear(x, wc) for wc in wide], rep=25,
-                                                        return_mode="median") / len(wide)
+            bf16_ms = graph_ms(lambda wc: F.linear(x, wc), wide)
             best = (current, "current")
             for cfg in grid:
                 try:

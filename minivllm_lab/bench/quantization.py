@@ -116,7 +116,7 @@ def linear_shapes(shape: roofline.ModelShape) -> dict[str, tuple[int, int]]:
     return {"qkv_proj": (q + 2 * kv, h), "o_proj": (h, q), "gate_up_proj": (2 * ffn, h), "down_proj": (h, ffn)}
 
 
-def _graph_ms(call, copies: list) -> float:
+def graph_ms(call, copies: list) -> float:
     """Median GPU ms of `call` on one copy of the weights, from replays of a CUDA graph that calls it on every
     copy in turn (triton's do_bench_cudagraph): the GPU's time without the host's launches, and each call reads
     its weights from memory, not from the L2 cache."""
@@ -151,7 +151,7 @@ def linear_kernels(shape: roofline.ModelShape, dtype: torch.dtype, bandwidth: fl
                 lambda qs: [fp8_scaled_mm(xs[n], *q) for n, q in qs.items()], quantized["fp8"], 1)
         row = {}
         for path, (call, copies, wbytes) in paths.items():
-            ms = _graph_ms(call, copies)
+            ms = graph_ms(call, copies)
             nbytes = sum(n * k * wbytes + m * (n + k) * dtype.itemsize + (4 * n if wbytes == 1 else 0)
                          for n, k in shapes.values())
             row[path] = {"ms": ms, "GB_s": nbytes / ms / 1e6}
